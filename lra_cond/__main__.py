@@ -1,0 +1,4 @@
+from lra_cond.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""``metrics.json``: the run summary that ``compare`` reads. Several callbacks contribute keys."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.json"
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / METRICS_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update_metrics(run_dir: str | Path, **entries: Any) -> Path:
+    """Merge ``entries`` into ``run_dir/metrics.json``, written atomically (temp file + rename)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = {**read_metrics(run_dir), **entries}
+    path = run_dir / METRICS_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,64 @@
+"""Records best validation accuracy (and its step), totals, and the test accuracy of the tested
+checkpoint into ``metrics.json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lra_cond.callbacks.metrics_file import update_metrics
+
+
+class RunSummary(pl.Callback):
+    def __init__(self) -> None:
+        self.best_val_acc: float | None = None
+        self.best_val_step: int | None = None
+        self.val_history: list[list[float]] = []
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        acc = trainer.callback_metrics.get("val/acc")
+        if acc is None:
+            return
+        acc = float(acc)
+        step = trainer.global_step
+        self.val_history.append([step, acc])
+        if self.best_val_acc is None or acc > self.best_val_acc:
+            self.best_val_acc, self.best_val_step = acc, step
+        self._write(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._write(trainer)
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        acc = trainer.callback_metrics.get("test/acc")
+        if acc is not None and trainer.is_global_zero and trainer.log_dir:
+            update_metrics(trainer.log_dir, test_acc=float(acc), test_ckpt=trainer.ckpt_path)
+
+    def _write(self, trainer: pl.Trainer) -> None:
+        if not trainer.is_global_zero or not trainer.log_dir:
+            return
+        batches = trainer.num_training_batches
+        epochs = trainer.global_step / batches if batches and batches != float("inf") else None
+        update_metrics(
+            trainer.log_dir,
+            best_val_acc=self.best_val_acc,
+            best_val_step=self.best_val_step,
+            val_history=self.val_history,
+            total_steps=trainer.global_step,
+            total_epochs=epochs,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best_val_acc": self.best_val_acc,
+            "best_val_step": self.best_val_step,
+            "val_history": self.val_history,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.best_val_acc = state_dict["best_val_acc"]
+        self.best_val_step = state_dict["best_val_step"]
+        self.val_history = state_dict["val_history"]

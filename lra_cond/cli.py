@@ -1,0 +1,122 @@
+"""Command line: ``python -m lra_cond {fit,validate,test,prepare} ...``.
+
+Trainer subcommands go through a LightningCLI subclass. ``--task T`` loads ``configs/defaults.yaml``
+and ``configs/T.yaml`` before any other argument (so later flags override them); ``--attention``
+and ``--init`` are shortcuts for ``--model.attention`` and ``--model.init``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lra_cond.errors import UserError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+TRAINER_COMMANDS = ("fit", "validate", "test")
+SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
+USAGE = """usage: python -m lra_cond COMMAND [options]
+
+commands:
+  fit | validate | test   train / evaluate (LightningCLI; add --help for all options)
+  prepare                 build a task's prepared data cache
+
+example:
+  python -m lra_cond fit --task listops --init conditioned
+"""
+
+
+def _pop_option(args: list[str], name: str) -> str | None:
+    """Remove ``name VALUE`` or ``name=VALUE`` from ``args``; return VALUE (last one wins)."""
+    value = None
+    i = 0
+    while i < len(args):
+        if args[i] == name:
+            if i + 1 >= len(args):
+                raise UserError(f"{name} needs a value")
+            value = args[i + 1]
+            del args[i : i + 2]
+        elif args[i].startswith(name + "="):
+            value = args[i].split("=", 1)[1]
+            del args[i]
+        else:
+            i += 1
+    return value
+
+
+def expand_shortcuts(argv: list[str]) -> list[str]:
+    """Turn ``fit --task T --attention A --init I ...`` into plain LightningCLI arguments."""
+    from lra_cond.data.tasks import TASKS
+    from lra_cond.init import INITS
+    from lra_cond.models.attention import ATTENTIONS
+
+    command, rest = argv[0], list(argv[1:])
+    task = _pop_option(rest, "--task")
+    prefix: list[str] = []
+    if task is not None:
+        TASKS.get(task)
+        prefix += ["--config", str(CONFIG_DIR / "defaults.yaml")]
+        task_config = CONFIG_DIR / f"{task}.yaml"
+        if task_config.is_file():
+            prefix += ["--config", str(task_config)]
+        prefix += ["--data.task", task]
+    for short, full in SHORTCUTS.items():
+        value = _pop_option(rest, short)
+        if value is not None:
+            (ATTENTIONS if short == "--attention" else INITS).get(value)
+            rest += [full, value]
+    return [command, *prefix, *rest]
+
+
+def prepare_main(argv: list[str]) -> None:
+    from lra_cond.data import cache
+    from lra_cond.data.tasks import TASKS
+
+    p = argparse.ArgumentParser(prog="python -m lra_cond prepare", description="Build a prepared data cache.")
+    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
+    p.add_argument("--preset", default="full", help="full (the LRA splits) or tiny (smoke-test size)")
+    p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA or ./data)")
+    p.add_argument("--source", default=None, help="official-release directory to read instead of generating")
+    p.add_argument("--seed", type=int, default=0, help="generator seed (synthetic tasks)")
+    p.add_argument("--workers", type=int, default=None, help="generator processes (default: all cores)")
+    args = p.parse_args(argv)
+    spec = TASKS.get(args.task)
+    data_dir = Path(args.data_dir) if args.data_dir else cache.default_data_dir()
+    if args.source is None and not spec.generated:
+        raise UserError(f"task {args.task} has no local generator; pass --source with the downloaded data")
+    out = spec.prepare(data_dir, args.preset, source=args.source, seed=args.seed, workers=args.workers)
+    print(f"prepared {args.task} ({args.preset}) at {out}")
+
+
+def run_lightning(argv: list[str]) -> None:
+    from lra_cond.lightning_cli import LraCLI
+
+    args = expand_shortcuts(argv)
+    saved, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when both args and sys.argv are set
+    try:
+        LraCLI(args=args)
+    finally:
+        sys.argv = saved
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not argv or argv[0] in ("-h", "--help"):
+            print(USAGE)
+            return
+        if argv[0] == "prepare":
+            prepare_main(argv[1:])
+        elif argv[0] in TRAINER_COMMANDS:
+            run_lightning(argv)
+        else:
+            raise UserError(
+                f"unknown command '{argv[0]}'; valid commands: {', '.join((*TRAINER_COMMANDS, 'prepare'))}"
+            )
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,4 @@
+from lra_cond.data.datamodule import LraDataModule
+from lra_cond.data.tasks import TASKS, TaskSpec
+
+__all__ = ["LraDataModule", "TASKS", "TaskSpec"]

@@ -1,0 +1,91 @@
+"""LightningDataModule over the prepared cache of any registered task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+from rich.console import Console
+from torch.utils.data import DataLoader
+
+from lra_cond.data import cache
+from lra_cond.data.collate import collate
+from lra_cond.data.tasks import TASKS, TaskSpec
+from lra_cond.errors import UserError
+
+
+class LraDataModule(pl.LightningDataModule):
+    """Loads ``<data_dir>/<task>/<preset>/prepared``; generates it first for synthetic tasks.
+
+    Args:
+        task: LRA task name.
+        data_dir: data root; defaults to ``$LRA_DATA`` or ``./data``.
+        preset: ``full`` (the LRA splits) or ``tiny`` (a few hundred examples, for smoke tests).
+        batch_size: examples per batch.
+        num_workers: DataLoader worker processes.
+        seed: generator seed used when the data must be generated on the fly.
+    """
+
+    def __init__(
+        self,
+        task: str = "listops",
+        data_dir: str | None = None,
+        preset: str = "full",
+        batch_size: int = 32,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.spec: TaskSpec = TASKS.get(task)
+        if preset not in self.spec.presets:
+            raise UserError(
+                f"unknown preset '{preset}' for task {task}; valid presets: {', '.join(self.spec.presets)}"
+            )
+        if batch_size <= 0:
+            raise UserError(f"batch_size must be positive, got {batch_size}")
+        self.task = task
+        self.data_dir = Path(data_dir) if data_dir else cache.default_data_dir()
+        self.preset = preset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.splits = None
+
+    @property
+    def path(self) -> Path:
+        return cache.prepared_dir(self.data_dir, self.task, self.preset)
+
+    def prepare_data(self) -> None:
+        if cache.is_prepared(self.path):
+            return
+        if not self.spec.generated:
+            raise UserError(
+                f"no prepared data at {self.path}; run: {self.spec.prepare_command(self.data_dir, self.preset)}"
+            )
+        Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
+        self.spec.prepare(self.data_dir, self.preset, seed=self.seed)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits is None:
+            hint = self.spec.prepare_command(self.data_dir, self.preset)
+            self.splits = cache.load_prepared(self.path, hint).with_format("numpy")
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.splits[split],
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=shuffle,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

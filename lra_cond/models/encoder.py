@@ -1,0 +1,102 @@
+"""Pre-LayerNorm Transformer encoder and classifier for LRA (reference hyper-parameters)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lra_cond.models.attention import build_attention
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int
+    max_len: int
+    num_classes: int
+    dim: int = 64
+    depth: int = 2
+    num_heads: int = 2
+    head_dim: int | None = None
+    mlp_dim: int = 128
+    dropout: float = 0.1
+    attention: str = "softmax"
+    attention_options: dict[str, Any] = field(default_factory=dict)
+
+
+def padding_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """True at padded positions, as ``torch.nn.MultiheadAttention``'s key_padding_mask."""
+    return torch.arange(seq_len, device=lengths.device)[None, :] >= lengths[:, None]
+
+
+def masked_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over real tokens only (the reference divides by the padded length)."""
+    keep = (~mask).unsqueeze(-1).to(h.dtype)
+    return (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.attn = build_attention(
+            cfg.attention,
+            cfg.dim,
+            cfg.num_heads,
+            head_dim=cfg.head_dim,
+            dropout=cfg.dropout,
+            **cfg.attention_options,
+        )
+        self.drop = nn.Dropout(cfg.dropout)
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.dim, cfg.mlp_dim),
+            nn.GELU(),
+            nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.mlp_dim, cfg.dim),
+            nn.Dropout(cfg.dropout),
+        )
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), key_padding_mask=mask))
+        return x + self.mlp(self.norm2(x))
+
+
+class Encoder(nn.Module):
+    """Token + learned position embeddings, pre-LN blocks, final LayerNorm, masked mean pool."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.token_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.pos_emb = nn.Embedding(cfg.max_len, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.dim)
+
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        n = input_ids.shape[1]
+        if n > self.cfg.max_len:
+            raise ValueError(f"sequence length {n} exceeds max_len {self.cfg.max_len}")
+        mask = padding_mask(lengths, n)
+        pos = torch.arange(n, device=input_ids.device)
+        x = self.drop(self.token_emb(input_ids) + self.pos_emb(pos)[None])
+        for block in self.blocks:
+            x = block(x, mask)
+        return masked_mean(self.norm(x), mask)
+
+
+class Classifier(nn.Module):
+    """Encoder + MLP head; ``forward(input_ids, lengths) -> logits``."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.encoder = Encoder(cfg)
+        self.head = nn.Sequential(
+            nn.Linear(cfg.dim, cfg.mlp_dim), nn.ReLU(), nn.Linear(cfg.mlp_dim, cfg.num_classes)
+        )
+
+    def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(input_ids, lengths))

@@ -1,0 +1,129 @@
+"""LightningModule: the LRA classifier, its init, optimizer and schedule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics.classification import MulticlassAccuracy
+
+from lra_cond.data.tasks import TASKS
+from lra_cond.errors import UserError
+from lra_cond.init import INITS, apply_init
+from lra_cond.models.attention import ATTENTIONS
+from lra_cond.models.encoder import Classifier, EncoderConfig
+
+
+def warmup_linear(step: int, warmup: int, total: int) -> float:
+    """LR multiplier: linear warm-up to 1 over ``warmup`` steps, then linear anneal to 0 at ``total``.
+
+    The one-cycle-with-linear-anneal shape of the reference, without its beta1 cycling.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+class LraModel(pl.LightningModule):
+    """LRA classifier.
+
+    Args:
+        task: LRA task (linked from ``data.task``); sets vocabulary, classes and max length.
+        attention: attention family name.
+        init: init scheme name.
+        init_args: keyword arguments of the init scheme.
+        attention_args: keyword arguments of the attention family (e.g. num_landmarks).
+        dim: embedding width.
+        depth: number of Transformer blocks.
+        num_heads: attention heads.
+        head_dim: per-head width; default dim // num_heads.
+        mlp_dim: hidden width of the block MLPs and the classifier head.
+        dropout: dropout rate (embeddings, attention probabilities, residual branches).
+        max_len: positional table size; default the task's maximum length.
+        lr: peak learning rate.
+        warmup_steps: linear warm-up steps.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+    """
+
+    def __init__(
+        self,
+        task: str = "listops",
+        attention: str = "softmax",
+        init: str = "default",
+        init_args: dict[str, Any] | None = None,
+        attention_args: dict[str, Any] | None = None,
+        dim: int = 64,
+        depth: int = 2,
+        num_heads: int = 2,
+        head_dim: int | None = None,
+        mlp_dim: int = 128,
+        dropout: float = 0.1,
+        max_len: int | None = None,
+        lr: float = 1e-4,
+        warmup_steps: int = 1000,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        spec = TASKS.get(task)
+        ATTENTIONS.get(attention)
+        INITS.get(init)
+        for name, value in (("lr", lr), ("dim", dim), ("depth", depth), ("mlp_dim", mlp_dim)):
+            if value <= 0:
+                raise UserError(f"model.{name} must be positive, got {value}")
+        if warmup_steps < 0:
+            raise UserError(f"model.warmup_steps must be >= 0, got {warmup_steps}")
+        self.save_hyperparameters()
+        self.cfg = EncoderConfig(
+            vocab_size=spec.vocab_size,
+            max_len=max_len or spec.max_len,
+            num_classes=spec.num_classes,
+            dim=dim,
+            depth=depth,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            mlp_dim=mlp_dim,
+            dropout=dropout,
+            attention=attention,
+            attention_options=dict(attention_args or {}),
+        )
+        self.net = Classifier(self.cfg)
+        apply_init(self.net, init, **(init_args or {}))
+        self.val_acc = MulticlassAccuracy(spec.num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(spec.num_classes, average="micro")
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.net(batch["input_ids"], batch["length"])
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = F.cross_entropy(self(batch), batch["label"])
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch: dict[str, torch.Tensor], split: str, metric: MulticlassAccuracy) -> None:
+        logits = self(batch)
+        self.log(f"{split}/loss", F.cross_entropy(logits, batch["label"]), sync_dist=True)
+        metric.update(logits, batch["label"])
+        self.log(f"{split}/acc", metric, prog_bar=True)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "val", self.val_acc)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, "test", self.test_acc)
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        opt = torch.optim.AdamW(
+            self.parameters(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay
+        )
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: warmup_linear(step, hp.warmup_steps, total)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
