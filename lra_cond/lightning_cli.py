@@ -45,7 +45,9 @@ class LraCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>")
+        parser.add_argument(
+            "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
+        )
         parser.link_arguments("data.task", "model.task")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

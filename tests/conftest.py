@@ -12,7 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """``python -m lra_cond ARGS`` in ``cwd``, importing this checkout (not an installed copy)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "LRA_DATA": str(cwd / "data"), **(env or {})}
     return subprocess.run(
@@ -36,10 +38,16 @@ def tiny_listops(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 TINY_FIT = [
-    "--data.preset", "tiny",
-    "--trainer.max_steps", "8",
-    "--trainer.val_check_interval", "4",
-    "--trainer.enable_progress_bar", "false",
-    "--trainer.enable_model_summary", "false",
-    "--model.warmup_steps", "2",
+    "--data.preset",
+    "tiny",
+    "--trainer.max_steps",
+    "8",
+    "--trainer.val_check_interval",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--model.warmup_steps",
+    "2",
 ]

@@ -59,9 +59,8 @@ class LraDataModule(pl.LightningDataModule):
         if cache.is_prepared(self.path):
             return
         if not self.spec.generated:
-            raise UserError(
-                f"no prepared data at {self.path}; run: {self.spec.prepare_command(self.data_dir, self.preset)}"
-            )
+            command = self.spec.prepare_command(self.data_dir, self.preset)
+            raise UserError(f"no prepared data at {self.path}; run: {command}")
         Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
         self.spec.prepare(self.data_dir, self.preset, seed=self.seed)
 
