@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 from lra_cond.init import apply_init
 from lra_cond.models import Classifier, EncoderConfig
-from lra_cond.models.module import LraModel
 from lra_cond.models.encoder import masked_mean, padding_mask
+from lra_cond.models.module import LraModel
 
 
 def small_model(init: str = "default", seed: int = 0, **kw) -> Classifier:
@@ -59,7 +59,7 @@ def test_conditioned_init_identity_v_orthonormal_heads():
 def test_conditioned_keeps_out_proj_at_default_and_is_seeded():
     a, b = small_model("conditioned", seed=5), small_model("conditioned", seed=5)
     c = small_model("conditioned", seed=6)
-    for (name, p), q, r in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q), name
     assert not torch.equal(a.encoder.blocks[0].attn.q_proj.weight, c.encoder.blocks[0].attn.q_proj.weight)
     out = a.encoder.blocks[0].attn.out_proj.weight
