@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from lra_cond.errors import UserError
 
@@ -69,11 +70,18 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
     return [command, *prefix, *rest]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises ``UserError`` (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see: {self.prog} --help)")
+
+
 def prepare_main(argv: list[str]) -> None:
     from lra_cond.data import cache
     from lra_cond.data.tasks import TASKS
 
-    p = argparse.ArgumentParser(prog="python -m lra_cond prepare", description="Build a prepared data cache.")
+    p = OneLineParser(prog="python -m lra_cond prepare", description="Build a prepared data cache.")
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
     p.add_argument("--preset", default="full", help="full (the LRA splits) or tiny (smoke-test size)")
     p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA or ./data)")
@@ -83,6 +91,8 @@ def prepare_main(argv: list[str]) -> None:
     args = p.parse_args(argv)
     spec = TASKS.get(args.task)
     data_dir = Path(args.data_dir) if args.data_dir else cache.default_data_dir()
+    if args.source is not None and not Path(args.source).is_dir():
+        raise UserError(f"--source {args.source} is not a directory; point it at the downloaded release")
     if args.source is None and not spec.generated:
         raise UserError(f"task {args.task} has no local generator; pass --source with the downloaded data")
     out = spec.prepare(data_dir, args.preset, source=args.source, seed=args.seed, workers=args.workers)
@@ -90,12 +100,18 @@ def prepare_main(argv: list[str]) -> None:
 
 
 def run_lightning(argv: list[str]) -> None:
+    from jsonargparse import ArgumentError
+
     from lra_cond.lightning_cli import LraCLI
 
     args = expand_shortcuts(argv)
     saved, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when both args and sys.argv are set
     try:
         LraCLI(args=args)
+    except ArgumentError as e:
+        # jsonargparse's message spans lines (and would come after a full usage text): one line.
+        message = " ".join(str(e).split())
+        raise UserError(f"{message} (see: python -m lra_cond {argv[0]} --help)") from None
     finally:
         sys.argv = saved
 
