@@ -77,7 +77,7 @@ class LraCLI(LightningCLI):
             raise UserError(f"trainer.max_steps must be positive (or -1 for no step limit), got {steps}")
         every = cfg.checkpoint_every
         if every <= 0:
-            raise UserError(f"checkpoint_every must be a positive number of training steps, got {every}")
+            raise UserError(f"checkpoint_every must be positive (steps between checkpoints), got {every}")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]

@@ -2,8 +2,9 @@
 
 Lightning checkpoints do not hold RNG states, so after ``--ckpt_path last`` dropout would draw a
 different stream than the uninterrupted run. The state is captured when a checkpoint is written
-(right after a training step) and put back just before the next training batch runs, so nothing
-that happens in between on resume (sanity validation, model construction) shifts the stream.
+(right after a training step or its validation) and put back in ``on_train_start``: after model
+construction and the sanity validation of the resumed process, before any other callback's
+``on_train_batch_start`` (which may draw random numbers, as it would have in the uninterrupted run).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class RngState(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict or None
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending is not None:
             set_rng_states(self._pending)
             self._pending = None
