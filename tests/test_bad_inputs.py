@@ -47,7 +47,7 @@ CATALOGUE = [
     entry("unknown attention", [*FIT, "--attention", "sofmax"], "unknown attention 'sofmax'; valid"),
     entry("unknown init", [*FIT, "--init", "conditoned"], "unknown init 'conditoned'; valid inits: "),
     entry("zero lr", [*FIT, "--model.lr", "0"], "model.lr must be positive, got 0.0"),
-    entry("negative lr", [*FIT, "--model.lr", "-1e-3"], "model.lr must be positive, got -0.001"),
+    entry("negative lr", [*FIT, "--model.lr", "-0.001"], "model.lr must be positive, got -0.001"),
     entry("zero batch", [*FIT, "--data.batch_size", "0"], "batch_size must be positive, got 0"),
     entry("negative batch", [*FIT, "--data.batch_size", "-4"], "batch_size must be positive, got -4"),
     entry("zero steps", [*FIT, "--trainer.max_steps", "0"], "max_steps must be positive (or -1 for no step"),

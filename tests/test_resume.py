@@ -106,3 +106,29 @@ def test_final_checkpoint_is_bit_identical(runs):
     # Every callback's state: RunSummary history, RNG streams, best-checkpoint bookkeeping, ...
     assert_same(a["callbacks"], b["callbacks"], "straight", "crash", "callbacks")
     assert_same(a["loops"], b["loops"], "", "", "loops")
+
+
+def test_sampler_resume_continues_the_same_order():
+    """The shuffling order depends only on (seed, epoch); a resume skips exactly what was trained."""
+    from torch.utils.data import BatchSampler
+
+    from lra_cond.data.sampler import EpochShuffleSampler
+
+    def batches(sampler: EpochShuffleSampler) -> list[list[int]]:
+        return list(BatchSampler(sampler, batch_size=8, drop_last=True))
+
+    straight = EpochShuffleSampler(100, seed=5)
+    assert sorted(straight) == list(range(100)) and list(straight) != list(range(100))
+    epoch0 = batches(straight)
+    straight.set_epoch(1)
+    epoch1 = batches(straight)
+    assert sorted(straight) == list(range(100)) and epoch0 != epoch1
+    assert epoch0 != batches(EpochShuffleSampler(100, seed=6))
+
+    resumed = EpochShuffleSampler(100, seed=5)
+    resumed.resume(0, skip=5 * 8)
+    assert len(resumed) == 100  # the trainer's batches-per-epoch count is unchanged
+    assert batches(resumed) == epoch0[5:]
+    assert batches(resumed) == epoch0[5:]  # re-iterating the resumed epoch skips again
+    resumed.set_epoch(1)
+    assert batches(resumed) == epoch1
