@@ -134,3 +134,5 @@ def test_checkpoint_errors(teacher: tuple[Classifier, Path], tmp_path: Path) -> 
     junk = tmp_path / "junk.ckpt"
     junk.write_text("not a checkpoint")
     assert str(junk) in one_line(apply_init, student, "weight-selection", checkpoint=str(junk))
+    msg = one_line(apply_init, student, "weight-selection", checkpoint=str(path), teacher_heads=2.5)
+    assert "teacher_heads" in msg and "2.5" in msg

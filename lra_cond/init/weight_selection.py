@@ -10,11 +10,15 @@ The student (the model being initialised) copies a subset of a larger teacher's 
     the same indices in every tensor and the residual-stream channels stay aligned;
   * head structure (from the attention contract): the q/k/v rows (weights and biases) and the
     out_proj input columns are cut per head block, so heads never mix: student head j takes teacher
-    head ``uniform(H_t, H_s)[j]`` and, inside it, dims ``uniform(d_t, d_s)``.
+    head ``uniform(H_t, H_s)[j]`` and, inside it, dims ``uniform(d_t, d_s)``. A family's other
+    per-head tensors (an axis of size H, e.g. a per-head temperature or conv kernel) get the
+    generic ``uniform(H_t, H_s)`` on that axis, i.e. the same heads;
 The teacher is a Lightning ``.ckpt`` of an ``LraModel`` (``state_dict`` keys start with ``net.``,
 its head count comes from the checkpoint's hyper-parameters) or a plain ``state_dict`` ``.pt``
 (with or without the ``net.`` prefix; pass ``teacher_heads``). Tensors are cast to the student's
 dtype. With the same task, vocabulary, positions and classes have equal sizes and are copied whole.
+The teacher file is read whenever the model is constructed, so re-instantiating a student from its
+config (e.g. ``LraModel.load_from_checkpoint``) needs the teacher path to still exist.
 """
 
 from __future__ import annotations
@@ -130,6 +134,8 @@ def weight_selection_init(model: nn.Module, checkpoint: str, teacher_heads: int 
     axes = _head_axes(model)
     if teacher_heads is None:
         teacher_heads = hparams.get("num_heads")
+    elif isinstance(teacher_heads, bool) or not isinstance(teacher_heads, int) or teacher_heads <= 0:
+        raise UserError(f"weight-selection: teacher_heads must be a positive integer, got {teacher_heads!r}")
     if axes and not teacher_heads:
         raise UserError(
             f"weight-selection: {checkpoint} does not record the teacher's num_heads; "
