@@ -12,7 +12,7 @@ The student (the model being initialised) copies a subset of a larger teacher's 
     out_proj input columns are cut per head block, so heads never mix: student head j takes teacher
     head ``uniform(H_t, H_s)[j]`` and, inside it, dims ``uniform(d_t, d_s)``. A family's other
     per-head tensors (an axis of size H, e.g. a per-head temperature or conv kernel) get the
-    generic ``uniform(H_t, H_s)`` on that axis, i.e. the same heads;
+    generic ``uniform(H_t, H_s)`` on that axis, i.e. the same heads.
 The teacher is a Lightning ``.ckpt`` of an ``LraModel`` (``state_dict`` keys start with ``net.``,
 its head count comes from the checkpoint's hyper-parameters) or a plain ``state_dict`` ``.pt``
 (with or without the ``net.`` prefix; pass ``teacher_heads``). Tensors are cast to the student's
