@@ -74,16 +74,18 @@ def _rows(table: pa.Table, where: str, columns: tuple[str, ...]) -> Iterator[Row
 
 
 def read_local(root: Path, split: str, columns: tuple[str, ...], hint: str) -> Iterator[Row]:
-    """Rows of ``split`` from a local export; ``hint`` says what to download if nothing is there."""
+    """Rows of ``split`` from a local export; ``hint`` says what to download if nothing is there.
+
+    Missing files are reported at the call (not on first iteration), before any progress bar.
+    """
     files = split_files(root, split)
     if not files:
         raise UserError(f"no {split} split (*.parquet / *.arrow) under {root}; {hint}")
-    for path in files:
-        yield from _rows(read_table(path), str(path), columns)
+    return (row for path in files for row in _rows(read_table(path), str(path), columns))
 
 
 def read_hub(hub_id: str, split: str, columns: tuple[str, ...], hint: str) -> Iterator[Row]:
-    """Rows of ``split`` via ``datasets.load_dataset(hub_id)`` (network, or the local HF cache)."""
+    """Rows of ``split`` via ``datasets.load_dataset(hub_id)`` (network, or the local HF cache); loads now."""
     import datasets
 
     try:
@@ -91,4 +93,4 @@ def read_hub(hub_id: str, split: str, columns: tuple[str, ...], hint: str) -> It
     except Exception as e:  # offline, hub errors, missing cache: all mean "get the data another way"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"could not load '{hub_id}' from the Hugging Face hub ({first}); {hint}") from None
-    yield from _rows(ds.data.table, f"hub:{hub_id}[{split}]", columns)
+    return _rows(ds.data.table, f"hub:{hub_id}[{split}]", columns)
