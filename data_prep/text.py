@@ -1,7 +1,8 @@
 """Text (IMDB byte-level sentiment): reader of the hub dataset and a tiny fixture in its schema.
 
 Source: Hugging Face ``imdb`` (splits train/test/unsupervised; columns ``text`` str, ``label`` 0 = neg,
-1 = pos), read from the hub or from a local Arrow/Parquet export (see ``data_prep.hub``).
+1 = pos), read from the hub or from a local Arrow/Parquet export (see ``data_prep.hub``), or the
+original Stanford ``aclImdb`` folder (``aclImdb_v1.tar.gz``; ``{train,test}/{neg,pos}/*.txt``).
 Tokens are UTF-8 bytes with id = byte + 1 (0 = pad, vocabulary 257), truncated to ``MAX_LEN`` = 4000
 bytes, the LRA setting. Some published setups use 1000: the cache keeps 4000 and
 ``--data.max_len 1000`` truncates at load time (and sizes the model's position table to match).
@@ -29,7 +30,7 @@ SOURCE_SPLITS = {"train": "train", "val": "test", "test": "test"}  # cache split
 HINT = (
     'download IMDB where there is network (python -c "import datasets; '
     "datasets.load_dataset('imdb').save_to_disk('imdb')\") and pass --source imdb "
-    "(a save_to_disk folder or the hub's Parquet files)"
+    "(a save_to_disk folder, the hub's Parquet files, or the aclImdb folder of aclImdb_v1.tar.gz)"
 )
 FIXTURE_SIZES = {"train": 64, "test": 32}
 
@@ -57,11 +58,31 @@ def read_rows(rows: Iterable[hub.Row], max_len: int = MAX_LEN) -> dict[str, list
     return {"input_ids": ids, "label": labels}
 
 
+def acl_imdb_rows(root: Path, split: str) -> list[hub.Row]:
+    """Rows of the original Stanford release ``aclImdb/<split>/{neg,pos}/<id>_<stars>.txt`` (neg = 0)."""
+    rows = []
+    for label, folder in enumerate(("neg", "pos")):
+        files = sorted((root / split / folder).glob("*.txt"), key=lambda f: (len(f.stem), f.stem))
+        if not files:
+            raise UserError(f"no reviews in {root / split / folder}; {HINT}")
+        for path in files:
+            try:
+                rows.append(hub.Row(str(path), {"text": path.read_text(encoding="utf-8"), "label": label}))
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}: not UTF-8 text ({e})") from None
+    return rows
+
+
 def read_source(source: Path | None) -> dict[str, dict[str, list]]:
-    """All cache splits from a local export (``source``) or from the hub (``None``)."""
+    """All cache splits from a local export or ``aclImdb`` folder (``source``), or the hub (``None``)."""
+    if source is not None and (Path(source) / "aclImdb").is_dir():
+        source = Path(source) / "aclImdb"
+    acl = source is not None and (Path(source) / "train" / "pos").is_dir()
     cache: dict[str, dict[str, list]] = {}
     for name in dict.fromkeys(SOURCE_SPLITS.values()):
-        if source is None:
+        if acl:
+            rows = acl_imdb_rows(Path(source), name)
+        elif source is None:
             rows = hub.read_hub(HUB_ID, name, COLUMNS, HINT)
         else:
             rows = hub.read_local(source, name, COLUMNS, HINT)

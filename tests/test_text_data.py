@@ -115,3 +115,21 @@ def test_datamodule_max_len_bounds(tmp_path: Path) -> None:
     batch = next(iter(dm.val_dataloader()))
     assert batch["input_ids"].shape[1] == 50
     assert int(batch["length"].max()) == 50
+
+
+def test_acl_imdb_folder(tmp_path: Path) -> None:
+    reviews = {("train", "neg"): ["bad", "awful"], ("train", "pos"): ["naïve joy"], ("test", "neg"): ["meh"]}
+    reviews[("test", "pos")] = ["fine"]
+    for (split, folder), texts in reviews.items():
+        (tmp_path / "aclImdb" / split / folder).mkdir(parents=True)
+        for i, t in enumerate(texts):
+            (tmp_path / "aclImdb" / split / folder / f"{i}_7.txt").write_text(t, encoding="utf-8")
+    splits = text.read_source(tmp_path)
+    assert [ids.tolist() for ids in splits["train"]["input_ids"]] == [
+        expected_ids(t) for t in ["bad", "awful", "naïve joy"]
+    ]
+    assert splits["train"]["label"] == [0, 0, 1]
+    assert splits["val"]["label"] == splits["test"]["label"] == [0, 1]
+    (tmp_path / "aclImdb" / "test" / "pos" / "1_3.txt").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(UserError, match=r"1_3.txt: not UTF-8"):
+        text.read_source(tmp_path)
