@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from lra_cond.models import LraModel, PairClassifier
+from lra_cond.models import PairClassifier
 from lra_cond.models.encoder import Encoder, EncoderConfig
+from lra_cond.models.module import LraModel
 
 
 def small_cfg() -> EncoderConfig:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_FIT, run_cli
+from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 
 FIT = [*TINY_FIT, "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--data.batch_size", "4"]
 
@@ -38,9 +38,5 @@ def test_full_preset_without_source_is_one_line(tmp_path: Path, capsys: pytest.C
     assert err.startswith("error:") and "\n" not in err and "lra_release.gz" in err and "--source" in err
     # Text tries the hub; offline (as in CI) that fails fast and must say how to get the data instead.
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    out = run_cli(["prepare", "--task", "text"], tmp_path, env=env)
-    assert out.returncode == 2
-    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--source" in errors[0], out.stderr
-    assert "Traceback" not in out.stderr
+    assert_one_line_error(run_cli(["prepare", "--task", "text"], tmp_path, env=env), "--source")
     assert not (tmp_path / "data" / "text" / "full" / "prepared").exists()
