@@ -133,3 +133,24 @@ def test_acl_imdb_folder(tmp_path: Path) -> None:
     (tmp_path / "aclImdb" / "test" / "pos" / "1_3.txt").write_bytes(b"\xff\xfe bad")
     with pytest.raises(UserError, match=r"1_3.txt: not UTF-8"):
         text.read_source(tmp_path)
+
+
+def test_hub_path_reads_the_loaded_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The no-source path: ``load_dataset('imdb')`` is redirected to the fixture (no network in tests)."""
+    import datasets
+
+    root = text.write_fixture(tmp_path, seed=1)
+    real = datasets.load_dataset
+    calls = []
+
+    def fake(hub_id: str, split: str) -> datasets.Dataset:
+        calls.append((hub_id, split))
+        return real(str(root), split=split, cache_dir=str(tmp_path / "hf"))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake)
+    splits, manifest = text.prepare(tmp_path, "full", None, seed=0, workers=1)
+    assert calls == [("imdb", "train"), ("imdb", "test")]
+    assert manifest["source"] == "hub:imdb"
+    raw = pq.read_table(root / "plain_text" / "train-00000-of-00001.parquet").to_pylist()
+    assert [ids.tolist() for ids in splits["train"]["input_ids"]] == [expected_ids(r["text"]) for r in raw]
+    assert splits["train"]["label"] == [r["label"] for r in raw]
