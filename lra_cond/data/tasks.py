@@ -70,3 +70,43 @@ TASKS.add(
         generated=True,
     ),
 )
+
+
+def _pathfinder() -> PrepareFn:
+    from data_prep import pathfinder
+
+    return pathfinder.prepare
+
+
+def _pathx() -> PrepareFn:
+    from data_prep import pathfinder
+
+    return pathfinder.prepare_pathx
+
+
+# Pixel tasks: tokens are the pixel values 0..255 (0 is black, a real token; lengths are always full).
+# Presets: full = LRA (contour length 14), intermediate (9), easy (6, curv_baseline), tiny (smoke tests).
+TASKS.add(
+    "pathfinder",
+    TaskSpec(
+        name="pathfinder",
+        num_classes=2,
+        vocab_size=256,
+        max_len=1024,
+        presets=("full", "intermediate", "easy", "tiny"),
+        prepare_fn=_pathfinder,
+        generated=True,
+    ),
+)
+TASKS.add(
+    "pathx",
+    TaskSpec(
+        name="pathx",
+        num_classes=2,
+        vocab_size=256,
+        max_len=16384,
+        presets=("full", "intermediate", "easy", "tiny"),
+        prepare_fn=_pathx,
+        generated=True,
+    ),
+)
