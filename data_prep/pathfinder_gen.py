@@ -353,12 +353,13 @@ def add_distractors(
 # Samples
 
 
-def balanced_labels(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` labels, half 0 and half 1 (one extra 1 when n is odd), in random order."""
-    labels = np.arange(n) % 2
-    if n % 2:
-        labels[-1] = 1
-    return rng.permutation(labels)
+def balanced_labels(rng: np.random.Generator, n: int, offset: int = 0) -> np.ndarray:
+    """Labels of images ``offset .. offset + n - 1`` of a release, in random order within the range.
+
+    Image j of the release gets label ``j % 2`` before shuffling, so any split of a release into
+    ranges (chunks) is balanced overall to within one image.
+    """
+    return rng.permutation((offset + np.arange(n)) % 2)
 
 
 def _batch(rng: np.random.Generator, cfg: SnakeConfig, pool: TargetPool, labels: np.ndarray) -> list[Sample]:

@@ -58,10 +58,18 @@ def metadata_line(cfg: SnakeConfig, k: int, i: int, label: int, margin: int) -> 
     return " ".join(f"{f:g}" if isinstance(f, float) else str(f) for f in fields)
 
 
-def write_chunk(root: Path, cfg: SnakeConfig, seed: int, k: int, n: int) -> dict:
-    """Generate chunk ``k`` (n images) into ``root``; the metadata file is written last, atomically."""
+def chunk_labels(
+    seed: int, cfg: SnakeConfig, k: int, chunk: int, n: int
+) -> tuple[np.random.Generator, np.ndarray]:
+    """The chunk's random stream and its labels (drawn first from it)."""
     rng = chunk_rng(seed, cfg, k)
-    samples = generate_samples(rng, cfg, balanced_labels(rng, n))
+    return rng, balanced_labels(rng, n, offset=k * chunk)
+
+
+def write_chunk(root: Path, cfg: SnakeConfig, seed: int, k: int, chunk: int, n: int) -> dict:
+    """Generate chunk ``k`` (its n images) into ``root``; the metadata file is written last, atomically."""
+    rng, labels = chunk_labels(seed, cfg, k, chunk, n)
+    samples = generate_samples(rng, cfg, labels)
     img_dir = Path(root) / "imgs" / str(k)
     img_dir.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -86,7 +94,13 @@ def _write_chunk_args(args: tuple) -> dict:
 
 
 def write_release(
-    out_dir: Path, cfg: SnakeConfig, n: int, seed: int = 0, workers: int = 1, chunk: int = CHUNK
+    out_dir: Path,
+    cfg: SnakeConfig,
+    n: int,
+    seed: int = 0,
+    workers: int = 1,
+    chunk: int = CHUNK,
+    grid: bool = True,
 ) -> Path:
     """Generate ``n`` images into the release layout under ``out_dir``; returns the difficulty dir.
 
@@ -101,7 +115,7 @@ def write_release(
     root.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec, indent=2) + "\n")
     jobs = [
-        (root, cfg, seed, k, min(chunk, n - k * chunk))
+        (root, cfg, seed, k, chunk, min(chunk, n - k * chunk))
         for k in range(-(-n // chunk))
         if not (root / "metadata" / f"{k}.npy").is_file()
     ]
@@ -115,7 +129,8 @@ def write_release(
         else:
             for job in jobs:
                 bar.advance(task, write_chunk(*job)["images"])
-    write_grid(root)
+    if grid:
+        write_grid(root)
     return root
 
 
