@@ -97,6 +97,19 @@ def test_release_is_deterministic_and_independent_of_workers(tmp_path: Path) -> 
     assert all(ln.split()[3] in ("0", "1") and len(ln.split()) == 11 for ln in lines)
 
 
+def test_pathx_release_reads_back_at_128(tmp_path: Path) -> None:
+    """Path-X: generated 128 px PNGs and metadata read back as 16384 tokens with their labels."""
+    cfg = pathfinder_config(128, 14)
+    root = write_release(tmp_path, cfg, 4, seed=0, workers=1, chunk=4, grid=False)
+    assert root == tmp_path / "pathfinder128" / "curv_contour_length_14"
+    pixels, labels, skipped = pf.read_release(root, 128)
+    assert pixels.shape == (4, 16384) and not skipped
+    rows = [ln.split() for ln in (root / "metadata" / "0.npy").read_text().splitlines()]
+    assert labels.tolist() == [int(r[3]) for r in rows] and sorted(labels.tolist()) == [0, 0, 1, 1]
+    for row, fields in zip(pixels, rows):
+        np.testing.assert_array_equal(row, np.asarray(Image.open(root / fields[0] / fields[1])).reshape(-1))
+
+
 @pytest.mark.parametrize("chunk", [1000, 7, 3])
 def test_label_balance_on_1000(chunk: int) -> None:
     """Labels of a 1000-image release, chunk by chunk exactly as write_chunk draws them."""
