@@ -125,10 +125,6 @@ class Sample:
     margin: int = 1
     stats: dict = field(default_factory=dict)
 
-    @property
-    def num_targets(self) -> int:
-        return 2
-
 
 @functools.lru_cache(maxsize=8)
 def _turns(cfg: SnakeConfig) -> tuple[np.ndarray, np.ndarray]:

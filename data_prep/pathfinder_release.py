@@ -109,6 +109,7 @@ def write_release(
     """
     root = release_dir(out_dir, cfg)
     spec = {"format": FORMAT_VERSION, "generator": cfg.to_dict(), "seed": seed, "images": n, "chunk": chunk}
+    spec = json.loads(json.dumps(spec))  # as it reads back (tuples become lists)
     spec_path = root / "generator.json"
     if root.exists() and (not spec_path.is_file() or json.loads(spec_path.read_text()) != spec):
         shutil.rmtree(root)

@@ -97,6 +97,20 @@ def test_release_is_deterministic_and_independent_of_workers(tmp_path: Path) -> 
     assert all(ln.split()[3] in ("0", "1") and len(ln.split()) == 11 for ln in lines)
 
 
+def test_interrupted_release_resumes_identically(tmp_path: Path) -> None:
+    cfg = pathfinder_config(32, 14)
+    root = write_release(tmp_path, cfg, 12, seed=0, chunk=6, grid=False)
+    before = _files(root)
+    kept = root / "imgs" / "0" / "sample_0.png"
+    stamp = kept.stat().st_mtime_ns
+    (root / "metadata" / "1.npy").unlink()  # chunk 1 never finished
+    (root / "imgs" / "1" / "sample_5.png").unlink()
+    write_release(tmp_path, cfg, 12, seed=0, chunk=6, grid=False)
+    assert _files(root) == before and kept.stat().st_mtime_ns == stamp  # chunk 0 kept, chunk 1 redone
+    write_release(tmp_path, cfg, 12, seed=1, chunk=6, grid=False)  # other settings: replaced
+    assert _files(root).keys() == before.keys() and _files(root) != before
+
+
 def test_pathx_release_reads_back_at_128(tmp_path: Path) -> None:
     """Path-X: generated 128 px PNGs and metadata read back as 16384 tokens with their labels."""
     cfg = pathfinder_config(128, 14)
