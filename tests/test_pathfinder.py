@@ -234,6 +234,19 @@ def test_reader_reproduces_pixels_and_labels(tmp_path: Path) -> None:
     assert pf.resolve_source(tmp_path / "pathfinder32", 32, "curv_contour_length_14") == root
 
 
+def test_reader_accepts_binary_npy_metadata(tmp_path: Path) -> None:
+    """The reference generator's own ``np.save`` output (a string array) reads like the text files."""
+    root = tmp_path / "curv_contour_length_14"
+    expected = _official_fixture(root)
+    rows = [
+        ["imgs/0", name, str(i), str(label), "1.0"] for i, (name, (_, label)) in enumerate(expected.items())
+    ]
+    np.save(root / "metadata" / "0.npy", np.array(rows))
+    pixels, labels, _ = pf.read_release(root, 32)
+    assert labels.tolist() == [v[1] for v in expected.values()]
+    np.testing.assert_array_equal(pixels, np.stack([v[0] for v in expected.values()]))
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
