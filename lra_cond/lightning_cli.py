@@ -13,7 +13,7 @@ from rich.console import Console
 
 from lra_cond.callbacks import RunSummary
 from lra_cond.data import LraDataModule
-from lra_cond.models import LraModel
+from lra_cond.models.module import LraModel
 
 
 def run_name(task: str, attention: str, init: str) -> str:

@@ -45,6 +45,10 @@ class LraDataModule(pl.LightningDataModule):
             raise UserError(f"batch_size must be positive, got {batch_size}")
         self.task = task
         self.data_dir = Path(data_dir) if data_dir else cache.default_data_dir()
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise UserError(
+                f"data dir {self.data_dir} is not a directory; pass --data.data_dir DIR or set $LRA_DATA"
+            )
         self.preset = preset
         self.batch_size = batch_size
         self.num_workers = num_workers
