@@ -23,7 +23,7 @@ from data_prep import pathfinder as pf
 from data_prep.pathfinder_gen import generate_samples, pathfinder_config
 from data_prep.pathfinder_release import chunk_labels, write_release
 from lra_cond.errors import UserError
-from tests.conftest import TINY_FIT, run_cli
+from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 
 PATH_RADIUS = 0.71
 
@@ -301,6 +301,10 @@ def test_cli_prepare_and_fit_tiny(tmp_path: Path) -> None:
     from lra_cond.data.collate import collate
     from lra_cond.models.encoder import padding_mask
 
+    bad = run_cli(
+        ["prepare", "--task", "pathfinder", "--preset", "tiny", "--source", "nowhere"], cwd=tmp_path
+    )
+    assert_one_line_error(bad, "lra_release")  # says what to download, or to omit --source
     r = run_cli(["prepare", "--task", "pathfinder", "--preset", "tiny", "--workers", "2"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     prepared = cache.prepared_dir(tmp_path / "data", "pathfinder", "tiny")
