@@ -57,10 +57,15 @@ class TaskSpec:
 TASKS: Registry[TaskSpec] = Registry("task")
 
 
-def _listops() -> PrepareFn:
-    from data_prep import listops
+def _module(name: str, fn: str = "prepare") -> Callable[[], PrepareFn]:
+    """Lazy ``data_prep.<name>.<fn>`` (data_prep imports stay out of model-only code paths)."""
 
-    return listops.prepare
+    def load() -> PrepareFn:
+        import importlib
+
+        return getattr(importlib.import_module(f"data_prep.{name}"), fn)
+
+    return load
 
 
 TASKS.add(
@@ -71,21 +76,10 @@ TASKS.add(
         vocab_size=16,
         max_len=2000,
         presets=("full", "tiny"),
-        prepare_fn=_listops,
+        prepare_fn=_module("listops"),
         generated=True,
     ),
 )
-
-
-def _module(name: str) -> Callable[[], PrepareFn]:
-    """Lazy ``data_prep.<name>.prepare`` (data_prep imports stay out of model-only code paths)."""
-
-    def load() -> PrepareFn:
-        import importlib
-
-        return importlib.import_module(f"data_prep.{name}").prepare
-
-    return load
 
 
 # Byte-level IMDB: ids byte + 1, 0 = pad. max_len is the cache's truncation; --data.max_len shortens.
@@ -126,5 +120,31 @@ TASKS.add(
         presets=("full", "tiny"),
         prepare_fn=_module("image"),
         fixture_presets=("tiny",),
+    ),
+)
+# Pixel tasks: tokens are the pixel values 0..255 (0 is black, a real token; lengths are always full).
+# Presets: full = LRA (contour length 14), intermediate (9), easy (6, curv_baseline), tiny (smoke tests).
+TASKS.add(
+    "pathfinder",
+    TaskSpec(
+        name="pathfinder",
+        num_classes=2,
+        vocab_size=256,
+        max_len=1024,
+        presets=("full", "intermediate", "easy", "tiny"),
+        prepare_fn=_module("pathfinder"),
+        generated=True,
+    ),
+)
+TASKS.add(
+    "pathx",
+    TaskSpec(
+        name="pathx",
+        num_classes=2,
+        vocab_size=256,
+        max_len=16384,
+        presets=("full", "intermediate", "easy", "tiny"),
+        prepare_fn=_module("pathfinder", "prepare_pathx"),
+        generated=True,
     ),
 )
