@@ -12,9 +12,9 @@ from torch import nn
 from lra_cond.errors import UserError
 from lra_cond.init import INITS, apply_init
 from lra_cond.init.mimetic import mimetic_init
-from lra_cond.models import LraModel
 from lra_cond.models.attention import build_attention
 from lra_cond.models.encoder import Classifier, EncoderConfig
+from lra_cond.models.module import LraModel
 
 ATTN_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight")
 

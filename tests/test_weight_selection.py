@@ -9,7 +9,7 @@ import torch
 
 from lra_cond.errors import UserError
 from lra_cond.init import apply_init
-from lra_cond.models.encoder import Classifier, EncoderConfig
+from lra_cond.models.encoder import Classifier, EncoderConfig, PairClassifier
 
 
 def classifier(dim: int, heads: int, head_dim: int, depth: int, mlp: int, max_len: int = 24) -> Classifier:
@@ -136,3 +136,16 @@ def test_checkpoint_errors(teacher: tuple[Classifier, Path], tmp_path: Path) -> 
     assert str(junk) in one_line(apply_init, student, "weight-selection", checkpoint=str(junk))
     msg = one_line(apply_init, student, "weight-selection", checkpoint=str(path), teacher_heads=2.5)
     assert "teacher_heads" in msg and "2.5" in msg
+
+
+def test_pair_head_selection_stays_block_aligned(tmp_path: Path) -> None:
+    """The retrieval head sees [e1, e2, e1*e2, e1-e2] (4*D inputs). With D_s dividing D_t the
+    uniform stride on 4*D_t picks, inside every block, the same channels as on the width D_t."""
+    cfg = EncoderConfig(vocab_size=16, max_len=24, num_classes=2, dim=32, depth=1, num_heads=2, mlp_dim=32)
+    t_model = PairClassifier(cfg)
+    path = tmp_path / "pair.pt"
+    torch.save(t_model.state_dict(), path)
+    student = PairClassifier(EncoderConfig(**{**cfg.__dict__, "dim": 16}))
+    apply_init(student, "weight-selection", checkpoint=str(path), teacher_heads=2)
+    cols = [b * 32 + c for b in range(4) for c in uniform(32, 16)]
+    assert torch.equal(student.head[0].weight, t_model.head[0].weight[:, cols])

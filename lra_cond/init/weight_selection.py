@@ -17,6 +17,8 @@ The teacher is a Lightning ``.ckpt`` of an ``LraModel`` (``state_dict`` keys sta
 its head count comes from the checkpoint's hyper-parameters) or a plain ``state_dict`` ``.pt``
 (with or without the ``net.`` prefix; pass ``teacher_heads``). Tensors are cast to the student's
 dtype. With the same task, vocabulary, positions and classes have equal sizes and are copied whole.
+The retrieval head's [e1, e2, e1*e2, e1-e2] input axis (4*D) stays block-aligned when D_s divides
+D_t (the stride then matches the width's); otherwise its rounded spacing drifts across blocks.
 The teacher file is read whenever the model is constructed, so re-instantiating a student from its
 config (e.g. ``LraModel.load_from_checkpoint``) needs the teacher path to still exist.
 """
