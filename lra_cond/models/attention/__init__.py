@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lra_cond.models.attention import softmax  # noqa: F401  (registers the family)
+# Importing a family module registers it; registration order is the order of ATTENTIONS.names().
+from lra_cond.models.attention import linear, normalized, nystrom, softmax  # noqa: F401
 from lra_cond.models.attention.base import Attention, attention_layers, explicit_math
 from lra_cond.models.attention.registry import ATTENTIONS
 
