@@ -262,6 +262,8 @@ def test_bad_input_gives_one_line_errors_naming_the_valid_choice():
         assert "choose num_heads among [1, 2, 3, 6, 9, 18]" in one_line_error(build_attention, name, 18, 4)
     message = one_line_error(make("nystrom", num_landmarks=8), inputs(1, 6))
     assert "num_landmarks=8 exceeds the sequence length 6" in message and "num_landmarks <= 6" in message
+    message = one_line_error(build_attention, "nystrom", DIM, HEADS, num_landmark=4)
+    assert "unknown option(s) num_landmark" in message and "num_landmarks" in message
     assert "odd" in one_line_error(make, "nystrom", conv_kernel=4)
     assert ">= 1" in one_line_error(make, "nystrom", num_landmarks=0)
     assert "positive" in one_line_error(make, "linear", eps=0)

@@ -123,7 +123,8 @@ class NystromAttention(Attention):
         b, _, n, d = q.shape
         if self.num_landmarks > n:
             raise UserError(
-                f"nystrom attention: num_landmarks={self.num_landmarks} exceeds the sequence length {n}; "
+                f"nystrom attention: num_landmarks={self.num_landmarks} exceeds the sequence length {n} "
+                f"(the padded length of this input); "
                 f"choose num_landmarks <= {n}, e.g. --model.attention_args '{{\"num_landmarks\": {n}}}'"
             )
         pool, empty = landmark_pooling(key_padding_mask, b, n, self.num_landmarks, q)
