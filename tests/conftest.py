@@ -27,6 +27,15 @@ def run_cli(
     )
 
 
+def assert_one_line_error(proc: subprocess.CompletedProcess, expected: str) -> None:
+    """Exit 2, exactly one ``error:`` line (the last line) containing ``expected``, no traceback."""
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == errors[0]
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.fixture(scope="session")
 def tiny_listops(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data root holding the prepared tiny ListOps split (generated once per session)."""
@@ -37,17 +46,13 @@ def tiny_listops(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# Few steps, validation twice, logging every other step: a CLI smoke run of a few seconds.
 TINY_FIT = [
-    "--data.preset",
-    "tiny",
-    "--trainer.max_steps",
-    "8",
-    "--trainer.val_check_interval",
-    "4",
-    "--trainer.enable_progress_bar",
-    "false",
-    "--trainer.enable_model_summary",
-    "false",
-    "--model.warmup_steps",
-    "2",
+    *("--data.preset", "tiny"),
+    *("--trainer.max_steps", "8"),
+    *("--trainer.val_check_interval", "4"),
+    *("--trainer.log_every_n_steps", "2"),
+    *("--trainer.enable_progress_bar", "false"),
+    *("--trainer.enable_model_summary", "false"),
+    *("--model.warmup_steps", "2"),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -24,6 +25,9 @@ class LraDataModule(pl.LightningDataModule):
         batch_size: examples per batch.
         num_workers: DataLoader worker processes.
         seed: generator seed used when the data must be generated on the fly.
+        max_len: keep only the first ``max_len`` tokens of every sequence (default: the task's
+            maximum, all that the cache holds). E.g. 1000 for the shorter text setup; the CLI links
+            it to ``model.max_len`` so the position table matches.
     """
 
     def __init__(
@@ -34,6 +38,7 @@ class LraDataModule(pl.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        max_len: int | None = None,
     ) -> None:
         super().__init__()
         self.spec: TaskSpec = TASKS.get(task)
@@ -43,12 +48,22 @@ class LraDataModule(pl.LightningDataModule):
             )
         if batch_size <= 0:
             raise UserError(f"batch_size must be positive, got {batch_size}")
+        if max_len is not None and not 0 < max_len <= self.spec.max_len:
+            raise UserError(
+                f"data.max_len must be in 1..{self.spec.max_len} for task {task} "
+                f"(the prepared cache holds at most {self.spec.max_len} tokens), got {max_len}"
+            )
         self.task = task
         self.data_dir = Path(data_dir) if data_dir else cache.default_data_dir()
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise UserError(
+                f"data dir {self.data_dir} is not a directory; pass --data.data_dir DIR or set $LRA_DATA"
+            )
         self.preset = preset
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
+        self.max_len = max_len
         self.splits = None
 
     @property
@@ -58,7 +73,7 @@ class LraDataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         if cache.is_prepared(self.path):
             return
-        if not self.spec.generated:
+        if not self.spec.local(self.preset):
             command = self.spec.prepare_command(self.data_dir, self.preset)
             raise UserError(f"no prepared data at {self.path}; run: {command}")
         Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
@@ -75,7 +90,7 @@ class LraDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             shuffle=shuffle,
             drop_last=shuffle,
-            collate_fn=collate,
+            collate_fn=partial(collate, max_len=self.max_len),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

@@ -1,0 +1,113 @@
+"""The CLI end to end on tiny ListOps: run folder contents, best-checkpoint testing, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import TINY_FIT, assert_one_line_error, run_cli
+
+RUN = Path("runs/listops/softmax/conditioned/seed0")
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, tiny_listops) -> Path:
+    """One tiny fit through the CLI; returns its working directory."""
+    cwd = tmp_path_factory.mktemp("fit")
+    shutil.copytree(tiny_listops, cwd / "data")
+    args = ["fit", "--task", "listops", "--init", "conditioned", *TINY_FIT, "--model.lr", "1e-3"]
+    proc = run_cli(args, cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cwd
+
+
+def test_fit_writes_run_folder(fitted):
+    run = fitted / RUN
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["total_steps"] == 8
+    assert [step for step, _ in metrics["val_history"]] == [4, 8]
+    best_step, best_acc = max(metrics["val_history"], key=lambda h: h[1])
+    assert metrics["best_val_acc"] == pytest.approx(best_acc) and 0 <= best_acc <= 1
+    assert metrics["best_val_step"] == best_step
+    assert metrics["total_epochs"] == pytest.approx(8 / (512 // 32))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"]["init"] == "conditioned" and config["data"]["preset"] == "tiny"
+    ckpts = {p.name for p in (run / "checkpoints").iterdir()}
+    assert "last.ckpt" in ckpts and f"best-step{best_step}.ckpt" in ckpts
+
+
+def test_tensorboard_has_training_curves(fitted):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in (fitted / RUN).glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"train/loss", "val/acc", "test/acc", "lr-AdamW"} <= tags
+
+
+def test_test_accuracy_is_that_of_the_best_checkpoint(fitted, tiny_listops):
+    """Recompute test accuracy of the best checkpoint here and compare with metrics.json."""
+    from lra_cond.data import LraDataModule
+    from lra_cond.models.module import LraModel
+
+    metrics = json.loads((fitted / RUN / "metrics.json").read_text())
+    best = fitted / RUN / "checkpoints" / f"best-step{metrics['best_val_step']}.ckpt"
+    assert Path(metrics["test_ckpt"]).name == best.name
+    model = LraModel.load_from_checkpoint(best).eval()
+    dm = LraDataModule("listops", data_dir=str(tiny_listops), preset="tiny", batch_size=32)
+    dm.setup()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in dm.test_dataloader():
+            correct += (model(batch).argmax(-1) == batch["label"]).sum().item()
+            total += len(batch["label"])
+    assert metrics["test_acc"] == pytest.approx(correct / total, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--task", "lisops"], "unknown task 'lisops'; valid tasks: listops"),
+        (["--task", "listops", "--attention", "sofmax"], "unknown attention 'sofmax'; valid attentions: "),
+        (["--task", "listops", "--init", "conditoned"], "unknown init 'conditoned'; valid inits: "),
+        (["--task", "listops", "--data.preset", "huge"], "unknown preset 'huge' for task listops"),
+        (["--task", "listops", "--model.lr", "-1"], "model.lr must be positive"),
+    ],
+)
+def test_bad_names_are_one_line_errors(fitted, args, expected):
+    before = (fitted / RUN / "metrics.json").read_bytes()
+    proc = run_cli(["fit", *args], fitted)
+    assert_one_line_error(proc, expected)
+    assert (fitted / RUN / "metrics.json").read_bytes() == before
+
+
+def test_data_dir_that_cannot_hold_data_is_one_line_error(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("keep me")
+    proc = run_cli(["fit", "--task", "listops", *TINY_FIT, "--data.data_dir", str(blocker)], tmp_path)
+    assert_one_line_error(proc, f"data dir {blocker} is not a directory")
+    assert blocker.read_text() == "keep me"
+
+
+def test_print_config_shows_resolved_settings(tmp_path):
+    proc = run_cli(["fit", "--task", "listops", "--init", "conditioned", "--print_config"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    assert config["model"]["init"] == "conditioned"
+    assert config["trainer"]["max_steps"] == 5000 and config["data"]["batch_size"] == 32
+    assert config["model"]["warmup_steps"] == 1000 and config["model"]["eps"] == 1e-6
+    assert not (tmp_path / "runs").exists()
+
+
+def test_prepare_command_builds_cache(tmp_path):
+    proc = run_cli(["prepare", "--task", "listops", "--preset", "tiny", "--data-dir", "d"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "d/listops/tiny/prepared/manifest.json").read_text())
+    assert manifest["sizes"] == {"train": 512, "val": 128, "test": 128}
+    assert manifest["seed"] == 0 and manifest["source"] == "generated"
