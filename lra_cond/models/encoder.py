@@ -41,14 +41,9 @@ class Block(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.dim)
-        self.attn = build_attention(
-            cfg.attention,
-            cfg.dim,
-            cfg.num_heads,
-            head_dim=cfg.head_dim,
-            dropout=cfg.dropout,
-            **cfg.attention_options,
-        )
+        # attention_args may override the encoder-wide head_dim/dropout for the attention layer.
+        options = {"head_dim": cfg.head_dim, "dropout": cfg.dropout, **cfg.attention_options}
+        self.attn = build_attention(cfg.attention, cfg.dim, cfg.num_heads, **options)
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(cfg.dim)
         self.mlp = nn.Sequential(
