@@ -29,6 +29,18 @@ def run_cli(
     )
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread. On a loaded machine, OpenMP spin-waiting of a second thread
+    made tests ~50x slower in CPU time (CLI subprocesses get OMP_NUM_THREADS=1 in run_cli)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, expected: str) -> None:
     """Exit 2, exactly one ``error:`` line (the last line) containing ``expected``, no traceback."""
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -19,16 +19,6 @@ from lra_cond.models.module import LraModel
 ATTN_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread. On a loaded machine, OpenMP spin-waiting of a second thread
-    made these tests ~50x slower in CPU time."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def classifier(dim: int = 32, num_heads: int = 2, head_dim: int | None = None, depth: int = 2) -> Classifier:
     cfg = EncoderConfig(vocab_size=16, max_len=24, num_classes=4, dim=dim, depth=depth, num_heads=num_heads)
     cfg.head_dim = head_dim

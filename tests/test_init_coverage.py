@@ -23,18 +23,6 @@ from lra_cond.models.encoder import Classifier, EncoderConfig
 from lra_cond.models.module import LraModel
 from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the CLI subprocesses, for the same reason as below
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread. On a loaded machine, OpenMP spin-waiting of a second thread
-    made these tests ~50x slower in CPU time."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
 
 def classifier(attention: str, dim: int = 16, num_heads: int = 2, depth: int = 2) -> Classifier:
     cfg = EncoderConfig(
@@ -95,7 +83,7 @@ def test_scheme_builds_runs_and_trains(init: str, attention: str, teachers: dict
 def conditioned_run(tiny_listops: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     cwd = tmp_path_factory.mktemp("cli")
     args = ["fit", "--task", "listops", "--init", "conditioned", "--model.init_args", '{"v_scale": 2.0}']
-    res = run_cli([*args, *TINY_FIT], cwd, env={"LRA_DATA": str(tiny_listops), **ONE_THREAD})
+    res = run_cli([*args, *TINY_FIT], cwd, env={"LRA_DATA": str(tiny_listops)})
     assert res.returncode == 0, res.stderr[-3000:]
     return cwd, cwd / "runs/listops/softmax/conditioned/seed0"
 
@@ -120,7 +108,7 @@ def test_cli_weight_selection_from_a_run(conditioned_run: tuple[Path, Path], tin
     init_args = json.dumps({"checkpoint": str(ckpt)})
     args = ["fit", "--task", "listops", "--init", "weight-selection", "--model.init_args", init_args]
     args += ["--model.dim", "32", "--model.mlp_dim", "64", "--run_root", "students"]
-    res = run_cli([*args, *TINY_FIT], cwd, env={"LRA_DATA": str(tiny_listops), **ONE_THREAD})
+    res = run_cli([*args, *TINY_FIT], cwd, env={"LRA_DATA": str(tiny_listops)})
     assert res.returncode == 0, res.stderr[-3000:]
     out = cwd / "students/listops/softmax/weight-selection/seed0"
     assert yaml.safe_load((out / "hparams.yaml").read_text())["init_args"] == {"checkpoint": str(ckpt)}
@@ -129,6 +117,6 @@ def test_cli_weight_selection_from_a_run(conditioned_run: tuple[Path, Path], tin
 
 def test_cli_bad_init_parameter_is_one_line(tmp_path: Path, tiny_listops: Path) -> None:
     args = ["fit", "--task", "listops", "--init", "mimetic", "--model.init_args", '{"alpha": 1.0}']
-    res = run_cli([*args, *TINY_FIT], tmp_path, env={"LRA_DATA": str(tiny_listops), **ONE_THREAD})
+    res = run_cli([*args, *TINY_FIT], tmp_path, env={"LRA_DATA": str(tiny_listops)})
     assert_one_line_error(res, "init 'mimetic' has no parameter 'alpha'")
     assert "alpha1=0.7" in res.stderr and "vo_sign=-1" in res.stderr

@@ -12,16 +12,6 @@ from lra_cond.init import apply_init
 from lra_cond.models.encoder import Classifier, EncoderConfig, PairClassifier
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread. On a loaded machine, OpenMP spin-waiting of a second thread
-    made these tests ~50x slower in CPU time."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def classifier(dim: int, heads: int, head_dim: int, depth: int, mlp: int, max_len: int = 24) -> Classifier:
     cfg = EncoderConfig(
         vocab_size=16, max_len=max_len, num_classes=4, dim=dim, depth=depth, num_heads=heads, mlp_dim=mlp
