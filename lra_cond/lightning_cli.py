@@ -66,6 +66,9 @@ class LraCLI(LightningCLI):
             "resume an interrupted run with --ckpt_path last",
         )
         parser.link_arguments("data.task", "model.task")
+        # One length setting: the model's position table is as long as the data's truncation
+        # (None on both sides = the task's maximum).
+        parser.link_arguments("data.max_len", "model.max_len")
 
     def before_instantiate_classes(self) -> None:
         if self.subcommand != "fit":

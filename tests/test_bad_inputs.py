@@ -66,7 +66,7 @@ CATALOGUE = [
         "num_landmarks=512 exceeds the sequence length",
         needs("nystrom" in ATTENTIONS, "the nystrom attention"),
     ),
-    entry("missing source dir", [*PREPARE, "--source", "no/such"], "--source no/such is not a directory"),
+    entry("missing source dir", [*PREPARE, "--source", "no/such"], "missing no/such/basic_train.tsv; point"),
     entry(
         "missing data dir (downloaded task)",
         ["fit", "--task", "text", "--data.data_dir", "no/such/dir"],

@@ -117,8 +117,8 @@ def _stamp(root: Path, files: dict[str, Any]) -> dict[str, list[int]]:
 
 def exact_prepare_command(manifest: dict[str, Any], hint: str) -> str:
     """``hint`` plus the ``--source``/``--seed`` recorded in the manifest, so a rebuild is identical."""
-    source = manifest.get("source")
-    if source and source != "generated" and "--source" not in hint:
+    source = manifest.get("source")  # a path, or "generated" / "fixture" / "hub:<id>"
+    if isinstance(source, str) and os.path.isabs(source) and "--source" not in hint:
         hint += f" --source {source}"
     if "seed" in manifest and "--seed" not in hint:
         hint += f" --seed {manifest['seed']}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ class LraDataModule(pl.LightningDataModule):
         batch_size: examples per batch.
         num_workers: DataLoader worker processes.
         seed: generator seed used when the data must be generated on the fly.
+        max_len: keep only the first ``max_len`` tokens of every sequence (default: the task's
+            maximum, all that the cache holds). E.g. 1000 for the shorter text setup; the CLI links
+            it to ``model.max_len`` so the position table matches.
 
     The training order is a seeded permutation per epoch (``EpochShuffleSampler``); its seed is the
     global seed at the first ``train_dataloader()`` (``seed_everything``), and it is saved in
@@ -47,6 +51,7 @@ class LraDataModule(pl.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        max_len: int | None = None,
     ) -> None:
         super().__init__()
         self.spec: TaskSpec = TASKS.get(task)
@@ -56,6 +61,11 @@ class LraDataModule(pl.LightningDataModule):
             )
         if batch_size <= 0:
             raise UserError(f"batch_size must be positive, got {batch_size}")
+        if max_len is not None and not 0 < max_len <= self.spec.max_len:
+            raise UserError(
+                f"data.max_len must be in 1..{self.spec.max_len} for task {task} "
+                f"(the prepared cache holds at most {self.spec.max_len} tokens), got {max_len}"
+            )
         self.task = task
         self.data_dir = Path(data_dir) if data_dir else cache.default_data_dir()
         if self.data_dir.exists() and not self.data_dir.is_dir():
@@ -66,6 +76,7 @@ class LraDataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
+        self.max_len = max_len
         self.splits = None
         self.shuffle_seed: int | None = None
         self._train_sampler: EpochShuffleSampler | None = None
@@ -81,7 +92,7 @@ class LraDataModule(pl.LightningDataModule):
             # cache stops the run without touching a previous run's files.
             self.setup()
             return
-        if not self.spec.generated:
+        if not self.spec.local(self.preset):
             command = self.spec.prepare_command(self.data_dir, self.preset)
             raise UserError(f"no prepared data at {self.path}; run: {command}")
         Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
@@ -98,7 +109,7 @@ class LraDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=sampler is not None,
-            collate_fn=collate,
+            collate_fn=partial(collate, max_len=self.max_len),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             # Worker seeds come from this generator, not the global RNG, so creating a loader does

@@ -9,19 +9,20 @@ import torch.nn.functional as F
 
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.registry import ATTENTIONS
+from lra_cond.models.attention.sdpa import attend
 
 
 @ATTENTIONS.register("softmax")
 class SoftmaxAttention(Attention):
-    """softmax(Q K^T / sqrt(d)) V per head.
+    """softmax(Q K^T / sqrt(d)) V per head, dropout on the attention probabilities.
 
-    Training path: ``F.scaled_dot_product_attention`` (fused kernels; the N x N matrix is not
-    materialised when a fused kernel is chosen). Explicit path: the formula, written out.
+    Training path: ``attend`` (fused ``F.scaled_dot_product_attention``; on CPU with dropout, query
+    chunks under checkpointing), so training memory never holds the N x N matrix of a long sequence
+    (see ``sdpa.py``). Explicit path: the formula, written out.
     """
 
     def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
-        mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout)
+        return attend(q, k, v, key_padding_mask, dropout_p=self.attn_dropout)
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
