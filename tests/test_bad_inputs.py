@@ -46,6 +46,7 @@ CATALOGUE = [
     entry("unknown task", ["fit", "--task", "lisops"], "unknown task 'lisops'; valid tasks: listops"),
     entry("unknown attention", [*FIT, "--attention", "sofmax"], "unknown attention 'sofmax'; valid"),
     entry("unknown init", [*FIT, "--init", "conditoned"], "unknown init 'conditoned'; valid inits: "),
+    entry("unknown preset", [*FIT, "--data.preset", "huge"], "unknown preset 'huge' for task listops"),
     entry("zero lr", [*FIT, "--model.lr", "0"], "model.lr must be positive, got 0.0"),
     entry("negative lr", [*FIT, "--model.lr", "-0.001"], "model.lr must be positive, got -0.001"),
     entry("zero batch", [*FIT, "--data.batch_size", "0"], "batch_size must be positive, got 0"),
