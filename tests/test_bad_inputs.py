@@ -154,7 +154,7 @@ def test_probe_too_small_for_full_rank_is_a_warning_in_the_history(workdir, tmp_
     args += ["--cond.method", "dense"]
     proc = run_cli(args, workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "warning: condition number not measured: probe too small to be full rank" in proc.stderr
+    assert "condition number not measured" in proc.stderr  # rich may wrap the rest of the line
     metrics = json.loads((tmp_path / "listops/softmax/default/seed0/metrics.json").read_text())
     reasons = [layer["reason"] for entry in metrics["cond_history"] for layer in entry["layers"]]
     assert reasons and all("probe too small to be full rank" in r for r in reasons)
