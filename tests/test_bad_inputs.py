@@ -33,8 +33,10 @@ def entry(name: str, args: list[str], expected: str, marks=()):  # noqa: ANN001,
     return pytest.param(args, expected, id=name, marks=marks)
 
 
-def has_jacobian_condition() -> bool:
+def has_condition_monitor() -> bool:
+    """The κ monitor (issue 5): the library function and the callback with its CLI options."""
     try:
+        from lra_cond.callbacks import ConditionNumberMonitor  # noqa: F401
         from lra_cond.conditioning import jacobian_condition  # noqa: F401
     except ImportError:
         return False
@@ -147,7 +149,7 @@ def test_bad_input_is_one_line_error(workdir, args, expected):
     assert not (workdir / "out/listops/tiny/prepared").exists()
 
 
-@needs(has_jacobian_condition(), "the condition-number monitor")
+@needs(has_condition_monitor(), "the condition-number monitor")
 def test_probe_too_small_for_full_rank_is_a_warning_in_the_history(workdir, tmp_path):
     """Not an error: the run finishes and the κ history says why no value was measured."""
     args = [*FIT, "--run_root", str(tmp_path), "--cond.every_n_steps", "4", "--cond.probe_tokens", "4"]
