@@ -23,8 +23,14 @@ ARGS = [
     *("--trainer.max_steps", "20", "--trainer.val_check_interval", "6", "--checkpoint_every", "4"),
     *("--trainer.deterministic", "true", "--trainer.log_every_n_steps", "2"),
     *("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"),
-    *("--model.warmup_steps", "3", "--model.lr", "1e-3"),
+    *("--model.warmup_steps", "3", "--model.lr", "1e-3", "--model.dim", "16", "--model.mlp_dim", "32"),
 ]
+try:  # the condition-number monitor (when present): cheap dense κ every 6 steps, history must survive
+    from lra_cond.callbacks import ConditionNumberMonitor  # noqa: F401
+
+    ARGS += ["--cond.every_n_steps", "6", "--cond.method", "dense", "--cond.probe_tokens", "48"]
+except ImportError:
+    pass
 HOOKS = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
 
 
@@ -94,6 +100,11 @@ def test_metrics_equal_uninterrupted_run(runs):
     assert a["best_val_step"] == b["best_val_step"] and a["total_steps"] == b["total_steps"] == 20
     assert Path(a["test_ckpt"]).name == Path(b["test_ckpt"]).name
     assert set(a) == set(b)
+    if "cond_history" in a:  # κ measured at 0, 6, 12, 18 and at the end, once each despite the kills
+        assert [h["step"] for h in b["cond_history"]] == [h["step"] for h in a["cond_history"]]
+        assert [h["step"] for h in a["cond_history"]] == [0, 6, 12, 18, 20]
+        for x, y in zip(a["cond_history"], b["cond_history"]):
+            assert x["kappa_mean"] == pytest.approx(y["kappa_mean"], rel=1e-9)
 
 
 def test_final_checkpoint_is_bit_identical(runs):
