@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_FIT, assert_one_line_error, run_cli
+from conftest import TINY_FIT, assert_one_line_error, run_cli, run_cli_in_process
 
 from lra_cond.data import cache
 from lra_cond.data.tasks import TASKS
@@ -141,9 +141,9 @@ def workdir(tmp_path_factory, tiny_listops) -> Path:
 
 
 @pytest.mark.parametrize("args, expected", CATALOGUE)
-def test_bad_input_is_one_line_error(workdir, args, expected):
+def test_bad_input_is_one_line_error(workdir, args, expected, monkeypatch, capfd):
     before = snapshot(workdir)
-    proc = run_cli(args, workdir)
+    proc = run_cli_in_process(args, workdir, monkeypatch, capfd)
     assert_one_line_error(proc, expected)
     after = snapshot(workdir)
     assert {k: v for k, v in after.items() if k in before} == before, "existing files changed"
@@ -161,3 +161,10 @@ def test_probe_too_small_for_full_rank_is_a_warning_in_the_history(workdir, tmp_
     metrics = json.loads((tmp_path / "listops/softmax/default/seed0/metrics.json").read_text())
     reasons = [layer["reason"] for entry in metrics["cond_history"] for layer in entry["layers"]]
     assert reasons and all("probe too small to be full rank" in r for r in reasons)
+
+
+def test_a_real_process_prints_the_same_one_line_error(workdir):
+    """The catalogue runs in-process for speed; one entry through a real interpreter shows the
+    exit status and stderr are the same there."""
+    proc = run_cli([*FIT, "--init", "conditoned"], workdir)
+    assert_one_line_error(proc, "unknown init 'conditoned'; valid inits: ")
