@@ -36,9 +36,8 @@ def entry(name: str, args: list[str], expected: str, marks=()):  # noqa: ANN001,
 def has_condition_monitor() -> bool:
     """The κ monitor (issue 5): the library function and the callback with its CLI options."""
     try:
-        from lra_cond.conditioning import jacobian_condition  # noqa: F401
-
         from lra_cond.callbacks import ConditionNumberMonitor  # noqa: F401
+        from lra_cond.conditioning import jacobian_condition  # noqa: F401
     except ImportError:
         return False
     return True
