@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from torch.func import jacfwd, jacrev, jvp, vjp
+from torch.func import jacfwd, jacrev, vjp
 
 from lra_cond.conditioning.lanczos import lanczos_extremes
 from lra_cond.conditioning.nullspace import NullSpace, build_null_space, snap_input
@@ -106,8 +106,7 @@ def _matrix_free(probe: Probe, null: NullSpace, rtol: float, tol: float, max_ite
     _, vjp_fn = vjp(f, theta)
 
     def gram(v: torch.Tensor) -> torch.Tensor:
-        _, jv = jvp(f, (theta,), (v,))
-        return vjp_fn(jv)[0]
+        return vjp_fn(probe.jvp(theta, v))[0]
 
     hs = probe.head_size
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch.func import jvp
 
 from lra_cond.conditioning.probe import Probe
 
@@ -184,8 +183,7 @@ GROUPS = (
 
 
 def _is_null(probe: Probe, direction: torch.Tensor, reference: float) -> bool:
-    f = probe.function()
-    _, jv = jvp(f, (probe.theta(),), (direction,))
+    jv = probe.jvp(probe.theta(), direction)
     return bool(jv.norm() <= ACCEPT_RTOL * reference * direction.norm())
 
 
@@ -201,9 +199,8 @@ def build_null_space(probe: Probe, w0: torch.Tensor, wc: torch.Tensor, seed: int
     """Candidate groups that J maps to zero, orthonormalised per head."""
     gen = torch.Generator().manual_seed(seed)
     theta = probe.theta()
-    f = probe.function()
     rand = torch.randn(theta.shape, generator=gen, dtype=theta.dtype).to(theta.device)
-    _, jr = jvp(f, (theta,), (rand,))
+    jr = probe.jvp(theta, rand)
     reference = float(jr.norm() / rand.norm())  # a typical gain of J, scale for the null test
 
     per_head: list[list[torch.Tensor]] = [[] for _ in range(probe.num_heads)]
