@@ -11,7 +11,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
-from lra_cond.callbacks import RunSummary
+from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary
 from lra_cond.data import LraDataModule
 from lra_cond.models import LraModel
 
@@ -49,6 +49,10 @@ class LraCLI(LightningCLI):
             "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
         )
         parser.link_arguments("data.task", "model.task")
+        # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
+        parser.add_lightning_class_args(ConditionNumberMonitor, "cond")
+        # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
+        parser.add_lightning_class_args(EpochsToTarget, "target")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from torch.func import jacfwd, jacrev, vjp
+from torch.func import jvp, vjp, vmap
 
 from lra_cond.conditioning.lanczos import lanczos_extremes
 from lra_cond.conditioning.nullspace import NullSpace, build_null_space, snap_input
@@ -37,6 +37,9 @@ from lra_cond.models.attention.base import Attention
 
 METHODS = ("dense", "matrix-free")
 DEFAULT_RTOL = 1e-9
+# Eigenvalues of J^T J carry absolute error ~1e-16 * lambda_max, so singular values below ~1e-8 *
+# sigma_max are noise for the matrix-free method: its null cut is max(rtol, MF_RESOLUTION).
+MF_RESOLUTION = 1e-7
 
 
 @dataclass
@@ -86,12 +89,20 @@ def _summary_from_values(s: torch.Tensor, rtol: float, expected: int) -> Spectru
     return SpectrumSummary(smax / smin, smax, smin, int(s.numel() - kept.numel()), expected, s.numel())
 
 
+CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products
+
+
 def _dense_head_jacobian(probe: Probe, h: int) -> torch.Tensor:
+    """Head h's Jacobian block, (T*d_h, head_size), by forward mode in memory-bounded chunks of
+    columns (T >= 3D guarantees rows >= columns, so columns are the cheaper side)."""
     f = probe.head_function(h)
     theta_h = probe.theta().reshape(probe.num_heads, -1)[h]
-    rows = probe.num_tokens * probe.head_dim
-    jac = jacfwd if probe.head_size <= rows else jacrev
-    return jac(f)(theta_h)
+    b, n = probe.x.shape[:2]
+    per_tangent = 8 * 6 * b * probe.num_heads * n * max(n, probe.dim)  # attention-sized temporaries
+    chunk = max(1, min(theta_h.numel(), CHUNK_BYTES // per_tangent))
+    eye = torch.eye(theta_h.numel(), dtype=theta_h.dtype, device=theta_h.device)
+    column = vmap(lambda t: jvp(f, (theta_h,), (t,))[1])
+    return torch.cat([column(eye[i : i + chunk]) for i in range(0, theta_h.numel(), chunk)]).T
 
 
 def _dense(probe: Probe, null: NullSpace, rtol: float) -> SpectrumSummary:
@@ -119,7 +130,7 @@ def _matrix_free(probe: Probe, null: NullSpace, rtol: float, tol: float, max_ite
     # Power-iteration-free floor: run once to get lambda_max, then the floor follows from rtol.
     res = lanczos_extremes(gram, n, project, theta.dtype, theta.device, tol=tol, max_iter=max_iter)
     lam_max = float(res.ritz[-1])
-    floor = (rtol**2) * lam_max
+    floor = max(rtol, MF_RESOLUTION) ** 2 * lam_max
     below = int((res.ritz <= floor).sum())
     if below:
         res = lanczos_extremes(gram, n, project, theta.dtype, theta.device, tol, floor, max_iter)
@@ -133,6 +144,8 @@ def _matrix_free(probe: Probe, null: NullSpace, rtol: float, tol: float, max_ite
             f"{below} distinct undeflated null eigenvalue(s) found by Lanczos (multiplicity unknown); "
             "n_null counts each once"
         )
+    if smin < 10 * MF_RESOLUTION * smax:
+        notes.append("sigma_min is near the matrix-free resolution (1e-7 sigma_max); use method='dense'")
     if not res.converged:
         notes.append(f"Lanczos did not converge to tol={tol} in {res.iterations} iterations")
     return summary, notes, res.iterations
