@@ -45,14 +45,14 @@ class LraCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument(
-            "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
-        )
-        parser.link_arguments("data.task", "model.task")
         # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
         parser.add_lightning_class_args(ConditionNumberMonitor, "cond")
         # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
         parser.add_lightning_class_args(EpochsToTarget, "target")
+        parser.add_argument(
+            "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
+        )
+        parser.link_arguments("data.task", "model.task")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]
