@@ -11,6 +11,7 @@ import torch
 from einops import rearrange
 
 from lra_cond.conditioning import jacobian_condition, matrix_condition
+from lra_cond.conditioning.jacobian import MF_RESOLUTION
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
 
@@ -145,13 +146,16 @@ def test_matrix_free_within_one_percent_of_dense(family: str) -> None:
     x = layer_norm(torch.randn(2, 132, 6, dtype=torch.float64))
     mask = torch.zeros(2, 132, dtype=torch.bool)
     mask[1, 128:] = True  # 260 real tokens
-    dense = jacobian_condition(layer, x, mask, method="dense", per_block=False)
+    # Matrix-free resolves singular values down to MF_RESOLUTION * sigma_max (eigenvalues of J^T J carry
+    # ~1e-16 absolute error); compare with dense at that cut (linear attention has near-null values
+    # at ~1e-11 that only dense can see).
+    dense = jacobian_condition(layer, x, mask, method="dense", per_block=False, rtol=MF_RESOLUTION)
     free = jacobian_condition(layer, x, mask, method="matrix-free", per_block=False)
     assert free.n_tokens >= 256
     assert free.kappa == pytest.approx(dense.kappa, rel=0.01)
     assert free.sigma_max == pytest.approx(dense.sigma_max, rel=0.01)
-    if family == "softmax":
-        assert free.n_null == dense.n_null
+    if family == "softmax":  # all null directions are known symmetries, deflated exactly
+        assert free.n_null == dense.n_null == jacobian_condition(layer, x, mask, per_block=False).n_null
 
 
 def test_matrix_free_per_block_agrees() -> None:
