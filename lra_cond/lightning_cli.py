@@ -12,7 +12,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
-from lra_cond.callbacks import RunSummary
+from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
@@ -55,6 +55,10 @@ class LraCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
+        parser.add_lightning_class_args(ConditionNumberMonitor, "cond")
+        # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
+        parser.add_lightning_class_args(EpochsToTarget, "target")
         parser.add_argument(
             "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
         )
