@@ -245,16 +245,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = [random_batch(spec, args.batch_size, args.seq_len, args.padded, gen) for _ in range(2)]
     batches = [{k: v.to(args.device) for k, v in b.items()} for b in batches]
     times: list[float] = []
+    cpu_times: list[float] = []  # process CPU seconds: a load-independent view on a shared machine
     with explicit_math(model) if args.explicit else contextlib.nullcontext():
         for i in range(args.warmup):
             train_step(model, opt, batches[i % 2])
         _sync(args.device)
         with PeakMemory(args.device) as mem:
             for i in range(args.steps):
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 train_step(model, opt, batches[i % 2])
                 _sync(args.device)
                 times.append(time.perf_counter() - start)
+                cpu_times.append(time.process_time() - cpu_start)
         flops = count_flops(lambda: train_step(model, opt, batches[0]))
     median = statistics.median(times)
     loader, loader_note = loader_rate(args)
@@ -273,6 +275,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "step_s_median": round(median, 5),
         "step_s_min": round(min(times), 5),
+        "cpu_s_median": round(statistics.median(cpu_times), 5),
         "tokens_per_s": round(tokens / median, 1),
         "peak_mem_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
         "mem_before_steps_mb": None if mem.before_mb is None else round(mem.before_mb, 1),
@@ -287,6 +290,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cond_probe_note": cond_note,
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
     }
 
 
