@@ -158,17 +158,35 @@ class PeakMemory:
             self.peak_mb = max(_maxrss_mb(), self._maxrss_before)
 
 
+def _baddbmm_flops(acc_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    batch, n, k = a_shape
+    return 2 * batch * n * k * b_shape[-1]
+
+
+def _sdpa_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+def _sdpa_backward_flops(g_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(g_shape, q_shape, k_shape, v_shape)
+
+
 def count_flops(step: Callable[[], None]) -> int:
     """Matmul/attention FLOPs executed by one ``step()`` (FlopCounterMode, plus CPU flash SDPA)."""
-    from torch.utils import flop_counter as fc
+    from torch.utils.flop_counter import FlopCounterMode
 
     aten = torch.ops.aten
-    extra = {}
-    # torch's counter knows the CUDA fused kernels but not the CPU flash kernel; same formulas.
+    # torch's counter misses the CPU flash kernel (same formulas as the CUDA ones) and the in-place
+    # baddbmm_ (used by the blockwise softmax kernel).
+    extra = {aten.baddbmm_: _baddbmm_flops}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        extra[aten._scaled_dot_product_flash_attention_for_cpu] = fc.sdpa_flop
-        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = fc.sdpa_backward_flop
-    counter = fc.FlopCounterMode(display=False, custom_mapping=extra)
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_flops
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_backward_flops
+    counter = FlopCounterMode(display=False, custom_mapping=extra)
     with counter:
         step()
     return int(counter.get_total_flops())
