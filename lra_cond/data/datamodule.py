@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from rich.console import Console
 from torch.utils.data import DataLoader
 
 from lra_cond.data import cache
-from lra_cond.data.collate import collate
+from lra_cond.data.batches import PackedSplit, batch_identity
 from lra_cond.data.tasks import TASKS, TaskSpec
 from lra_cond.errors import UserError
+
+
+def default_workers() -> int:
+    return min(2, max(0, (os.cpu_count() or 1) - 1)) if torch.cuda.is_available() else 0
 
 
 class LraDataModule(pl.LightningDataModule):
@@ -22,7 +28,9 @@ class LraDataModule(pl.LightningDataModule):
         data_dir: data root; defaults to ``$LRA_DATA`` or ``./data``.
         preset: ``full`` (the LRA splits) or ``tiny`` (a few hundred examples, for smoke tests).
         batch_size: examples per batch.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes; default 0 on CPU-only machines (batches are cheap
+            to assemble, see ``batches.py``, and workers would take cores from training), 2 when
+            CUDA is available (assembly overlaps the GPU step).
         seed: generator seed used when the data must be generated on the fly.
     """
 
@@ -32,7 +40,7 @@ class LraDataModule(pl.LightningDataModule):
         data_dir: str | None = None,
         preset: str = "full",
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -51,7 +59,9 @@ class LraDataModule(pl.LightningDataModule):
             )
         self.preset = preset
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        if num_workers is not None and num_workers < 0:
+            raise UserError(f"num_workers must be >= 0, got {num_workers}")
+        self.num_workers = default_workers() if num_workers is None else num_workers
         self.seed = seed
         self.splits = None
 
@@ -74,14 +84,16 @@ class LraDataModule(pl.LightningDataModule):
             self.splits = cache.load_prepared(self.path, hint).with_format("numpy")
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        # Whole batches come from the Arrow columns at once (PackedSplit.__getitems__).
         return DataLoader(
-            self.splits[split],
+            PackedSplit(self.splits[split]),
             batch_size=self.batch_size,
             shuffle=shuffle,
             drop_last=shuffle,
-            collate_fn=collate,
+            collate_fn=batch_identity,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
         )
 
     def train_dataloader(self) -> DataLoader:
