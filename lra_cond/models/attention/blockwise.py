@@ -20,7 +20,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 # Scores of one block hold about this many float32 numbers (a few MiB: cache-sized).
-BLOCK_ELEMENTS = 1 << 19
+BLOCK_ELEMENTS = 1 << 20
 _MASK64 = (1 << 64) - 1
 
 
