@@ -17,6 +17,8 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
 COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench")
 SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
+# model.max_len is linked from data.max_len (one length for the data and the position table).
+ALIASES = {"--model.max_len": "--data.max_len"}
 USAGE = """usage: python -m lra_cond COMMAND [options]
 
 commands:
@@ -68,6 +70,10 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
         if value is not None:
             (ATTENTIONS if short == "--attention" else INITS).get(value)
             rest += [full, value]
+    for alias, full in ALIASES.items():
+        value = _pop_option(rest, alias)
+        if value is not None:
+            rest += [full, value]
     return [command, *prefix, *rest]
 
 
@@ -79,14 +85,17 @@ def prepare_main(argv: list[str]) -> None:
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
     p.add_argument("--preset", default="full", help="full (the LRA splits) or tiny (smoke-test size)")
     p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA or ./data)")
-    p.add_argument("--source", default=None, help="official-release directory to read instead of generating")
+    p.add_argument(
+        "--source",
+        default=None,
+        help="downloaded data to read (official release folder or a local export); without it, synthetic "
+        "tasks are generated, tiny presets use a fixture, and hub datasets are fetched",
+    )
     p.add_argument("--seed", type=int, default=0, help="generator seed (synthetic tasks)")
     p.add_argument("--workers", type=int, default=None, help="generator processes (default: all cores)")
     args = p.parse_args(argv)
     spec = TASKS.get(args.task)
     data_dir = Path(args.data_dir) if args.data_dir else cache.default_data_dir()
-    if args.source is None and not spec.generated:
-        raise UserError(f"task {args.task} has no local generator; pass --source with the downloaded data")
     out = spec.prepare(data_dir, args.preset, source=args.source, seed=args.seed, workers=args.workers)
     print(f"prepared {args.task} ({args.preset}) at {out}")
 

@@ -49,6 +49,9 @@ class LraCLI(LightningCLI):
             "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
         )
         parser.link_arguments("data.task", "model.task")
+        # One length setting: the model's position table is as long as the data's truncation
+        # (None on both sides = the task's maximum).
+        parser.link_arguments("data.max_len", "model.max_len")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]

@@ -16,7 +16,9 @@ def run_cli(
     args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """``python -m lra_cond ARGS`` in ``cwd``, importing this checkout (not an installed copy)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "LRA_DATA": str(cwd / "data"), **(env or {})}
+    # One thread per CLI process: tiny models are dominated by threading overhead otherwise.
+    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO), "LRA_DATA": str(cwd / "data")}
+    full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "lra_cond", *args],
         cwd=cwd,
@@ -25,6 +27,18 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread. On a loaded machine, OpenMP spin-waiting of a second thread
+    made tests ~50x slower in CPU time (CLI subprocesses get OMP_NUM_THREADS=1 in run_cli)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, expected: str) -> None:

@@ -11,11 +11,11 @@ from lra_cond.models.attention import build_attention
 from lra_cond.models.attention.blockwise import (
     _spans,
     block_keep,
-    block_rows,
     blockwise_attention,
+    prefix_lengths,
     quantized_rate,
 )
-from lra_cond.models.attention.softmax import prefix_lengths
+from lra_cond.models.attention.sdpa import SCORE_BUDGET, attend
 from lra_cond.models.encoder import padding_mask
 
 
@@ -105,7 +105,7 @@ def test_nothing_quadratic_is_saved_for_backward():
 
 
 def test_softmax_layer_training_path_is_the_formula_with_its_masks():
-    """Integration: the layer routes CPU training with dropout through the kernel, seeded globally."""
+    """Integration: the layer routes CPU training with dropout (via ``attend``) through the kernel."""
     torch.manual_seed(0)
     layer = build_attention("softmax", 16, 2, dropout=0.2).double().train()
     x = torch.randn(2, 40, 16, dtype=torch.float64)
@@ -116,7 +116,7 @@ def test_softmax_layer_training_path_is_the_formula_with_its_masks():
     torch.manual_seed(7)
     seed = int(torch.randint(0, 2**62, (1,)).item())  # the kernel's first draw
     q, k, v = (layer.split_heads(p(x)) for p in (layer.q_proj, layer.k_proj, layer.v_proj))
-    rows = block_rows(2, 40)
+    rows = max(1, SCORE_BUDGET // (2 * 40))  # attend's per-sample block size
     keep = full_keep(seed, (2, 2, 40, 40), lengths, 0.2, rows)
     want = formula(q, k, v, lengths, keep, 0.2).transpose(1, 2).reshape(2, 40, 16)
     torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-12)
@@ -124,7 +124,27 @@ def test_softmax_layer_training_path_is_the_formula_with_its_masks():
 
 def test_prefix_lengths():
     mask = padding_mask(torch.tensor([5, 2, 0]), 5)
-    assert prefix_lengths(mask, 5) == [5, 2, 0]
+    assert prefix_lengths(mask) == [5, 2, 0]
     holed = mask.clone()
     holed[0, 1] = True
-    assert prefix_lengths(holed, 5) is None
+    assert prefix_lengths(holed) is None
+
+
+def test_non_suffix_mask_falls_back_to_checkpointed_chunks():
+    q, k, v = qkv(b=1, h=2, n=6, d=3)
+    holed = torch.tensor([[False, True, False, False, False, True]])
+
+    def f(q, k, v):  # noqa: ANN001, ANN202
+        torch.manual_seed(0)
+        return attend(q, k, v, holed, dropout_p=0.3, budget=2 * 2 * 6)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    without = attend(q, k, v, holed)
+    want = formula_masked(q, k, v, holed)
+    torch.testing.assert_close(without, want)
+    assert not torch.allclose(f(q, k, v), want)
+
+
+def formula_masked(q, k, v, pad):  # noqa: ANN001, ANN201
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(pad[:, None, None, :], -math.inf)
+    return scores.softmax(-1) @ v

@@ -32,6 +32,9 @@ class LraDataModule(pl.LightningDataModule):
             to assemble, see ``batches.py``, and workers would take cores from training), 2 when
             CUDA is available (assembly overlaps the GPU step).
         seed: generator seed used when the data must be generated on the fly.
+        max_len: keep only the first ``max_len`` tokens of every sequence (default: the task's
+            maximum, all that the cache holds). E.g. 1000 for the shorter text setup; the CLI links
+            it to ``model.max_len`` so the position table matches.
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class LraDataModule(pl.LightningDataModule):
         batch_size: int = 32,
         num_workers: int | None = None,
         seed: int = 0,
+        max_len: int | None = None,
     ) -> None:
         super().__init__()
         self.spec: TaskSpec = TASKS.get(task)
@@ -51,6 +55,11 @@ class LraDataModule(pl.LightningDataModule):
             )
         if batch_size <= 0:
             raise UserError(f"batch_size must be positive, got {batch_size}")
+        if max_len is not None and not 0 < max_len <= self.spec.max_len:
+            raise UserError(
+                f"data.max_len must be in 1..{self.spec.max_len} for task {task} "
+                f"(the prepared cache holds at most {self.spec.max_len} tokens), got {max_len}"
+            )
         self.task = task
         self.data_dir = Path(data_dir) if data_dir else cache.default_data_dir()
         if self.data_dir.exists() and not self.data_dir.is_dir():
@@ -63,6 +72,7 @@ class LraDataModule(pl.LightningDataModule):
             raise UserError(f"num_workers must be >= 0, got {num_workers}")
         self.num_workers = default_workers() if num_workers is None else num_workers
         self.seed = seed
+        self.max_len = max_len
         self.splits = None
 
     @property
@@ -72,7 +82,7 @@ class LraDataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         if cache.is_prepared(self.path):
             return
-        if not self.spec.generated:
+        if not self.spec.local(self.preset):
             command = self.spec.prepare_command(self.data_dir, self.preset)
             raise UserError(f"no prepared data at {self.path}; run: {command}")
         Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
@@ -86,7 +96,7 @@ class LraDataModule(pl.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         # Whole batches come from the Arrow columns at once (PackedSplit.__getitems__).
         return DataLoader(
-            PackedSplit(self.splits[split]),
+            PackedSplit(self.splits[split], max_len=self.max_len),
             batch_size=self.batch_size,
             shuffle=shuffle,
             drop_last=shuffle,

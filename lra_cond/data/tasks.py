@@ -18,12 +18,17 @@ PrepareFn = Callable[[Path, str, "Path | None", int, int], tuple[dict, dict]]
 class TaskSpec:
     name: str
     num_classes: int
-    vocab_size: int  # including the pad id 0
+    vocab_size: int  # ids 0..vocab_size-1; 0 is the pad id of token tasks, black for pixel tasks
     max_len: int
     presets: tuple[str, ...]
     prepare_fn: Callable[[], PrepareFn]  # lazy import of the data_prep module
     generated: bool = False  # the source can be generated locally (no download needed)
     pair: bool = False  # two sequences per example (retrieval)
+    fixture_presets: tuple[str, ...] = ()  # presets built from a data_prep fixture (no download)
+
+    def local(self, preset: str) -> bool:
+        """Whether ``preset`` can be built here without a downloaded source."""
+        return self.generated or preset in self.fixture_presets
 
     def prepare_command(self, data_dir: str | Path, preset: str) -> str:
         return f"python -m lra_cond prepare --task {self.name} --preset {preset} --data-dir {data_dir}"
@@ -52,10 +57,15 @@ class TaskSpec:
 TASKS: Registry[TaskSpec] = Registry("task")
 
 
-def _listops() -> PrepareFn:
-    from data_prep import listops
+def _module(name: str, fn: str = "prepare") -> Callable[[], PrepareFn]:
+    """Lazy ``data_prep.<name>.<fn>`` (data_prep imports stay out of model-only code paths)."""
 
-    return listops.prepare
+    def load() -> PrepareFn:
+        import importlib
+
+        return getattr(importlib.import_module(f"data_prep.{name}"), fn)
+
+    return load
 
 
 TASKS.add(
@@ -66,7 +76,75 @@ TASKS.add(
         vocab_size=16,
         max_len=2000,
         presets=("full", "tiny"),
-        prepare_fn=_listops,
+        prepare_fn=_module("listops"),
+        generated=True,
+    ),
+)
+
+
+# Byte-level IMDB: ids byte + 1, 0 = pad. max_len is the cache's truncation; --data.max_len shortens.
+TASKS.add(
+    "text",
+    TaskSpec(
+        name="text",
+        num_classes=2,
+        vocab_size=257,
+        max_len=4000,
+        presets=("full", "tiny"),
+        prepare_fn=_module("text"),
+        fixture_presets=("tiny",),
+    ),
+)
+# AAN document pairs, each document byte-level and truncated to 4000.
+TASKS.add(
+    "retrieval",
+    TaskSpec(
+        name="retrieval",
+        num_classes=2,
+        vocab_size=257,
+        max_len=4000,
+        presets=("full", "tiny"),
+        prepare_fn=_module("retrieval"),
+        pair=True,
+        fixture_presets=("tiny",),
+    ),
+)
+# Grayscale CIFAR-10: ids are pixel values 0..255 (0 is black, a real token; masks use lengths).
+TASKS.add(
+    "image",
+    TaskSpec(
+        name="image",
+        num_classes=10,
+        vocab_size=256,
+        max_len=1024,
+        presets=("full", "tiny"),
+        prepare_fn=_module("image"),
+        fixture_presets=("tiny",),
+    ),
+)
+# Pixel tasks: tokens are the pixel values 0..255 (0 is black, a real token; lengths are always full).
+# Presets: full = LRA (contour length 14), intermediate (9), easy (6, curv_baseline), tiny (smoke tests).
+TASKS.add(
+    "pathfinder",
+    TaskSpec(
+        name="pathfinder",
+        num_classes=2,
+        vocab_size=256,
+        max_len=1024,
+        presets=("full", "intermediate", "easy", "tiny"),
+        prepare_fn=_module("pathfinder"),
+        generated=True,
+    ),
+)
+TASKS.add(
+    "pathx",
+    TaskSpec(
+        name="pathx",
+        num_classes=2,
+        vocab_size=256,
+        max_len=16384,
+        presets=("full", "intermediate", "easy", "tiny"),
+        prepare_fn=_module("pathfinder", "prepare_pathx"),
         generated=True,
     ),
 )

@@ -41,14 +41,9 @@ class Block(nn.Module):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.dim)
-        self.attn = build_attention(
-            cfg.attention,
-            cfg.dim,
-            cfg.num_heads,
-            head_dim=cfg.head_dim,
-            dropout=cfg.dropout,
-            **cfg.attention_options,
-        )
+        # attention_args may override the encoder-wide head_dim/dropout for the attention layer.
+        options = {"head_dim": cfg.head_dim, "dropout": cfg.dropout, **cfg.attention_options}
+        self.attn = build_attention(cfg.attention, cfg.dim, cfg.num_heads, **options)
         self.drop = nn.Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(cfg.dim)
         self.mlp = nn.Sequential(
@@ -100,3 +95,34 @@ class Classifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(input_ids, lengths))
+
+
+class PairClassifier(nn.Module):
+    """Dual encoder with shared weights for document matching (retrieval).
+
+    Both sequences go through the same encoder; the head sees ``[e1, e2, e1*e2, e1-e2]`` (the LRA
+    matching head) through Linear(4*dim, mlp_dim), ReLU, Linear(mlp_dim, classes).
+    """
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.encoder = Encoder(cfg)
+        self.head = nn.Sequential(
+            nn.Linear(4 * cfg.dim, cfg.mlp_dim), nn.ReLU(), nn.Linear(cfg.mlp_dim, cfg.num_classes)
+        )
+
+    @staticmethod
+    def combine(e1: torch.Tensor, e2: torch.Tensor) -> torch.Tensor:
+        return torch.cat([e1, e2, e1 * e2, e1 - e2], dim=-1)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        input_ids2: torch.Tensor,
+        lengths2: torch.Tensor,
+    ) -> torch.Tensor:
+        # Two passes rather than one stacked batch: each side is padded only to its own longest.
+        e1 = self.encoder(input_ids, lengths)
+        e2 = self.encoder(input_ids2, lengths2)
+        return self.head(self.combine(e1, e2))

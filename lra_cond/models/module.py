@@ -13,7 +13,7 @@ from lra_cond.data.tasks import TASKS
 from lra_cond.errors import UserError
 from lra_cond.init import INITS, apply_init
 from lra_cond.models.attention import ATTENTIONS
-from lra_cond.models.encoder import Classifier, EncoderConfig
+from lra_cond.models.encoder import Classifier, EncoderConfig, PairClassifier
 
 
 def warmup_linear(step: int, warmup: int, total: int) -> float:
@@ -30,7 +30,8 @@ class LraModel(pl.LightningModule):
     """LRA classifier.
 
     Args:
-        task: LRA task (linked from ``data.task``); sets vocabulary, classes and max length.
+        task: LRA task (linked from ``data.task``); sets vocabulary, classes and max length, and
+            for pair tasks (retrieval) the shared-weight dual encoder.
         attention: attention family name.
         init: init scheme name.
         init_args: keyword arguments of the init scheme.
@@ -41,7 +42,8 @@ class LraModel(pl.LightningModule):
         head_dim: per-head width; default dim // num_heads.
         mlp_dim: hidden width of the block MLPs and the classifier head.
         dropout: dropout rate (embeddings, attention probabilities, residual branches).
-        max_len: positional table size; default the task's maximum length.
+        max_len: positional table size; default the task's maximum length (the CLI sets it from
+            ``data.max_len``).
         lr: peak learning rate.
         warmup_steps: linear warm-up steps.
         weight_decay: AdamW weight decay.
@@ -92,12 +94,15 @@ class LraModel(pl.LightningModule):
             attention=attention,
             attention_options=dict(attention_args or {}),
         )
-        self.net = Classifier(self.cfg)
+        self.pair = spec.pair
+        self.net = PairClassifier(self.cfg) if spec.pair else Classifier(self.cfg)
         apply_init(self.net, init, **(init_args or {}))
         self.val_acc = MulticlassAccuracy(spec.num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(spec.num_classes, average="micro")
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.pair:
+            return self.net(batch["input_ids"], batch["length"], batch["input_ids2"], batch["length2"])
         return self.net(batch["input_ids"], batch["length"])
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -76,10 +76,9 @@ class _BlockwiseAttention(torch.autograd.Function):
     """Blocks are visited as (sample b, query span); block index = b * spans + span number."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lengths, p, seed, rows):  # noqa: ANN001, ANN205
-        scale = q.shape[-1] ** -0.5
+    def forward(ctx, q, k, v, lengths, p, seed, rows, scale):  # noqa: ANN001, ANN205
         keep_scale = 1.0 / (1.0 - quantized_rate(p))
-        qs = (q * scale).contiguous()  # fold 1/sqrt(d) into q (N x d) instead of the scores
+        qs = (q * scale).contiguous()  # fold the score scale into q (N x d) instead of the scores
         k = k.contiguous()
         vs = (v * keep_scale).contiguous() if p > 0 else v.contiguous()  # fold 1/(1-p) into v
         out = torch.zeros_like(qs)
@@ -131,7 +130,7 @@ class _BlockwiseAttention(torch.autograd.Function):
             dvs[b, :, :n_real] = dvt.transpose(-1, -2)
         dq = dqs.mul_(ctx.scale)
         dv = dvs.mul_(ctx.keep_scale) if p > 0 else dvs
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def blockwise_attention(
@@ -142,12 +141,13 @@ def blockwise_attention(
     dropout_p: float = 0.0,
     seed: int | None = None,
     rows: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """``dropout(softmax(q k^T / sqrt(d))) v`` for q, k, v of shape (B, H, N, d), on CPU.
+    """``dropout(softmax(q k^T * scale)) v`` for q, k, v of shape (B, H, N, d), on CPU.
 
     ``lengths[b]``: sample b's keys at positions >= lengths[b] are padding (excluded); default all
     real. The dropout seed is drawn from torch's global generator unless given, so runs are
-    reproducible under ``torch.manual_seed``.
+    reproducible under ``torch.manual_seed``. ``scale`` defaults to 1/sqrt(d).
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -156,4 +156,14 @@ def blockwise_attention(
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
     rows = rows or block_rows(q.shape[1], n_keys)
-    return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale)
+
+
+def prefix_lengths(key_padding_mask: torch.Tensor) -> list[int] | None:
+    """Per-sample real lengths if every row of the mask pads a suffix (as the encoder's do), else None."""
+    n = key_padding_mask.shape[-1]
+    lengths = (~key_padding_mask).sum(1)
+    if not torch.equal(key_padding_mask, torch.arange(n, device=lengths.device)[None, :] >= lengths[:, None]):
+        return None
+    return lengths.tolist()

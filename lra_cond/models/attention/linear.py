@@ -1,0 +1,65 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs: Fast Autoregressive
+Transformers with Linear Attention"), non-causal.
+
+With the feature map phi(x) = elu(x) + 1 (positive), per head and query i
+
+    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps),
+
+the sums running over real keys only (padded keys get phi = 0, so they leave both numerator and
+denominator). The denominator is part of the method: the public LRA baseline that drops it is a known
+deviation and is not reproduced. No 1/sqrt(d) scaling and no attention dropout, as in the paper.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lra_cond.errors import UserError
+from lra_cond.models.attention.base import Attention
+from lra_cond.models.attention.registry import ATTENTIONS
+
+
+def feature_map(x: torch.Tensor) -> torch.Tensor:
+    return F.elu(x) + 1.0
+
+
+@ATTENTIONS.register("linear")
+class LinearAttention(Attention):
+    """elu+1 linear attention; option ``eps`` (1e-6) keeps the denominator away from zero.
+
+    Training path: associate right, (phi(K)^T V) first, O(N d^2) time and O(d^2) state per head.
+    Explicit path: the N x N similarity matrix phi(Q) phi(K)^T, normalised by its row sums.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(dim, num_heads, head_dim, dropout, bias)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+            raise UserError(f"linear attention: eps must be a positive number, got {eps!r}")
+        self.eps = float(eps)
+
+    def features(self, q, k, key_padding_mask):  # noqa: ANN001, ANN201
+        phi_q, phi_k = feature_map(q), feature_map(k)
+        if key_padding_mask is not None:
+            phi_k = phi_k.masked_fill(key_padding_mask[:, None, :, None], 0.0)
+        return phi_q, phi_k
+
+    def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
+        phi_q, phi_k = self.features(q, k, key_padding_mask)
+        kv = torch.einsum("bhnd,bhne->bhde", phi_k, v)
+        numerator = torch.einsum("bhnd,bhde->bhne", phi_q, kv)
+        denominator = torch.einsum("bhnd,bhd->bhn", phi_q, phi_k.sum(-2)) + self.eps
+        return numerator / denominator[..., None]
+
+    def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
+        phi_q, phi_k = self.features(q, k, key_padding_mask)
+        sim = phi_q @ phi_k.transpose(-1, -2)
+        return (sim @ v) / (sim.sum(-1, keepdim=True) + self.eps)

@@ -1,0 +1,154 @@
+"""Nyströmformer attention (Xiong et al. 2021, "Nyströmformer: A Nyström-Based Algorithm for
+Approximating Self-Attention").
+
+With m landmarks Q~, K~ (segment means of Q and K), per head
+
+    softmax(Q K^T / sqrt(d)) V  ~=  F pinv(A) B V + conv(V),
+    F = softmax(Q K~^T / sqrt(d))  (N x m),  A = softmax(Q~ K~^T / sqrt(d))  (m x m),
+    B = softmax(Q~ K^T / sqrt(d))  (m x N),
+
+pinv by the paper's iterative scheme, conv a depthwise convolution of V along the sequence.
+
+Padding and lengths (the reference pools padded tokens into landmarks and needs N % m == 0):
+- An example with L real tokens puts its r-th real token (0-based) into segment floor(r * m / L), so
+  landmarks average real tokens only and any L works. For L >= m every segment holds floor(L/m) or
+  ceil(L/m) tokens; for L == m each landmark is one token, so with an exact pinv and no conv the
+  layer is exactly softmax attention.
+- An example shorter than m inside a batch padded to N >= m has empty segments. Those landmarks are
+  dropped rather than raising: masked as keys of F, zero rows and columns of A (the pinv of
+  blockdiag(A', 0) is blockdiag(pinv(A'), 0), and the iteration keeps that block structure). Such an
+  example is then attended with L one-token landmarks, i.e. as softmax attention over its real
+  tokens, so a batch mixing short and long examples trains properly.
+- ``num_landmarks`` larger than the (padded) sequence the layer receives is a ``UserError`` at
+  forward time; in the encoder that also catches num_landmarks > the model's max length.
+- Padded keys are masked in B and F's keys are only landmarks of real tokens; padded values are
+  zeroed before the conv skip, so real positions never see padding.
+
+No dropout on the attention matrices, as in the authors' code; the encoder's residual dropout applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from lra_cond.errors import UserError
+from lra_cond.models.attention.base import Attention
+from lra_cond.models.attention.registry import ATTENTIONS
+from lra_cond.models.attention.sdpa import attend
+
+
+def landmark_pooling(
+    key_padding_mask: torch.Tensor | None, batch: int, n: int, m: int, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Segment-mean matrix (batch, m, n) over each example's real tokens, and (batch, m) empty flags."""
+    if key_padding_mask is None:
+        real = torch.ones(batch, n, dtype=torch.bool, device=like.device)
+    else:
+        real = ~key_padding_mask
+    rank = real.long().cumsum(-1) - 1  # position among the example's real tokens
+    length = real.sum(-1, keepdim=True).clamp_min(1)
+    segment = rank * m // length
+    landmark = torch.arange(m, device=like.device)[None, :, None]
+    member = (segment[:, None, :] == landmark) & real[:, None, :]
+    counts = member.sum(-1, keepdim=True)
+    pool = member.to(like.dtype) / counts.clamp_min(1).to(like.dtype)
+    return pool, counts[..., 0] == 0
+
+
+def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
+    """Moore-Penrose pseudo-inverse of each (..., m, m) matrix by the Nyströmformer iteration.
+
+    Z0 = A^T / (||A||_1 ||A||_inf) computed per matrix (the reference takes one max over the whole
+    batch), then Z <- Z (13 I - AZ (15 I - AZ (7 I - AZ))) / 4. Converges for any A given enough
+    iterations; how many depend on A's conditioning.
+    """
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    norm_1 = a.abs().sum(-2).amax(-1)  # max column sum
+    norm_inf = a.abs().sum(-1).amax(-1)  # max row sum
+    z = a.transpose(-1, -2) / (norm_1 * norm_inf)[..., None, None]
+    for _ in range(iterations):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+def masked_softmax(scores: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis with keys masked where ``key_mask`` (batch, keys) is True."""
+    if key_mask is not None:
+        scores = scores.masked_fill(key_mask[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def _positive_int(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"nystrom attention: {name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@ATTENTIONS.register("nystrom")
+class NystromAttention(Attention):
+    """Nyström attention; options ``num_landmarks`` (64), ``pinv_iterations`` (6) and
+    ``conv_kernel`` (35, odd; 0 or None disables the conv skip)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        num_landmarks: int = 64,
+        pinv_iterations: int = 6,
+        conv_kernel: int | None = 35,
+    ) -> None:
+        super().__init__(dim, num_heads, head_dim, dropout, bias)
+        self.num_landmarks = _positive_int("num_landmarks", num_landmarks)
+        self.pinv_iterations = _positive_int("pinv_iterations", pinv_iterations)
+        self.conv: nn.Conv2d | None = None
+        if conv_kernel:
+            if _positive_int("conv_kernel", conv_kernel) % 2 == 0:
+                raise UserError(
+                    f"nystrom attention: conv_kernel must be odd (centred on each token), got {conv_kernel}; "
+                    f"use {conv_kernel + 1} or 0 to disable the conv skip"
+                )
+            # One kernel per head, shared over head_dim: Conv2d over (seq, 1) with heads as channels.
+            kernel, pad = (conv_kernel, 1), (conv_kernel // 2, 0)
+            self.conv = nn.Conv2d(num_heads, num_heads, kernel, padding=pad, groups=num_heads, bias=False)
+
+    def landmarks(self, q, k, key_padding_mask):  # noqa: ANN001, ANN201
+        """Landmarks Q~, K~, pinv(A), and the (batch, m) mask of empty landmarks."""
+        b, _, n, d = q.shape
+        if self.num_landmarks > n:
+            raise UserError(
+                f"nystrom attention: num_landmarks={self.num_landmarks} exceeds the sequence length {n} "
+                f"(the padded length of this input); "
+                f"choose num_landmarks <= {n}, e.g. --model.attention_args '{{\"num_landmarks\": {n}}}'"
+            )
+        pool, empty = landmark_pooling(key_padding_mask, b, n, self.num_landmarks, q)
+        q_l, k_l = pool[:, None] @ q, pool[:, None] @ k
+        a = masked_softmax(q_l @ k_l.transpose(-1, -2) / math.sqrt(d), empty)
+        a = a.masked_fill(empty[:, None, :, None], 0.0)
+        return q_l, k_l, iterative_pinv(a, self.pinv_iterations), empty
+
+    def with_skip(self, out, v, key_padding_mask):  # noqa: ANN001, ANN201
+        """Add the depthwise conv of V along the sequence, padded values zeroed first."""
+        if self.conv is None:
+            return out
+        if key_padding_mask is not None:
+            v = v.masked_fill(key_padding_mask[:, None, :, None], 0.0)
+        return out + self.conv(v)
+
+    def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
+        q_l, k_l, z, empty = self.landmarks(q, k, key_padding_mask)
+        bv = attend(q_l, k, v, key_padding_mask)  # B V: (batch, heads, m, d)
+        return self.with_skip(attend(q, k_l, z @ bv, empty), v, key_padding_mask)
+
+    def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
+        q_l, k_l, z, empty = self.landmarks(q, k, key_padding_mask)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        f = masked_softmax(q @ k_l.transpose(-1, -2) * scale, empty)
+        b = masked_softmax(q_l @ k.transpose(-1, -2) * scale, key_padding_mask)
+        return self.with_skip(f @ (z @ (b @ v)), v, key_padding_mask)
