@@ -16,6 +16,7 @@ from lra_cond.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
+COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench")
 SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
 # model.max_len is linked from data.max_len (one length for the data and the position table).
 ALIASES = {"--model.max_len": "--data.max_len"}
@@ -24,6 +25,7 @@ USAGE = """usage: python -m lra_cond COMMAND [options]
 commands:
   fit | validate | test   train / evaluate (LightningCLI; add --help for all options)
   prepare                 build a task's prepared data cache
+  bench                   time training steps at a shape (one JSON line)
 
 example:
   python -m lra_cond fit --task listops --init conditioned
@@ -131,12 +133,14 @@ def main(argv: list[str] | None = None) -> None:
             return
         if argv[0] == "prepare":
             prepare_main(argv[1:])
+        elif argv[0] == "bench":
+            from lra_cond.bench import bench_main
+
+            bench_main(argv[1:])
         elif argv[0] in TRAINER_COMMANDS:
             run_lightning(argv)
         else:
-            raise UserError(
-                f"unknown command '{argv[0]}'; valid commands: {', '.join((*TRAINER_COMMANDS, 'prepare'))}"
-            )
+            raise UserError(f"unknown command '{argv[0]}'; valid commands: {', '.join(COMMANDS)}")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

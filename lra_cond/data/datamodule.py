@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from torch.utils.data import DataLoader
 
 from lra_cond.data import cache
-from lra_cond.data.collate import collate
+from lra_cond.data.batches import PackedSplit, batch_identity
 from lra_cond.data.sampler import EpochShuffleSampler
 from lra_cond.data.tasks import TASKS, TaskSpec
 from lra_cond.errors import UserError
@@ -21,6 +21,10 @@ from lra_cond.errors import UserError
 # The training loader resumes mid-epoch through this datamodule's state (see ``state_dict``), which
 # Lightning's check for a resumable DataLoader does not know about.
 warnings.filterwarnings("ignore", message=r".*ended before the epoch ended and your dataloader is not")
+
+
+def default_workers() -> int:
+    return min(2, max(0, (os.cpu_count() or 1) - 1)) if torch.cuda.is_available() else 0
 
 
 class LraDataModule(pl.LightningDataModule):
@@ -31,7 +35,9 @@ class LraDataModule(pl.LightningDataModule):
         data_dir: data root; defaults to ``$LRA_DATA`` or ``./data``.
         preset: ``full`` (the LRA splits) or ``tiny`` (a few hundred examples, for smoke tests).
         batch_size: examples per batch.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes; default 0 on CPU-only machines (batches are cheap
+            to assemble, see ``batches.py``, and workers would take cores from training), 2 when
+            CUDA is available (assembly overlaps the GPU step).
         seed: generator seed used when the data must be generated on the fly.
         max_len: keep only the first ``max_len`` tokens of every sequence (default: the task's
             maximum, all that the cache holds). E.g. 1000 for the shorter text setup; the CLI links
@@ -49,7 +55,7 @@ class LraDataModule(pl.LightningDataModule):
         data_dir: str | None = None,
         preset: str = "full",
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         seed: int = 0,
         max_len: int | None = None,
     ) -> None:
@@ -74,7 +80,9 @@ class LraDataModule(pl.LightningDataModule):
             )
         self.preset = preset
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        if num_workers is not None and num_workers < 0:
+            raise UserError(f"num_workers must be >= 0, got {num_workers}")
+        self.num_workers = default_workers() if num_workers is None else num_workers
         self.seed = seed
         self.max_len = max_len
         self.splits = None
@@ -104,14 +112,16 @@ class LraDataModule(pl.LightningDataModule):
             self.splits = cache.load_prepared(self.path, hint).with_format("numpy")
 
     def _loader(self, split: str, sampler: EpochShuffleSampler | None = None) -> DataLoader:
+        # Whole batches come from the Arrow columns at once (PackedSplit.__getitems__).
         return DataLoader(
-            self.splits[split],
+            PackedSplit(self.splits[split], max_len=self.max_len),
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=sampler is not None,
-            collate_fn=partial(collate, max_len=self.max_len),
+            collate_fn=batch_identity,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
             # Worker seeds come from this generator, not the global RNG, so creating a loader does
             # not shift the dropout stream (which resume restores exactly).
             generator=torch.Generator().manual_seed(self.seed),
