@@ -31,7 +31,7 @@ from torch.func import jvp, vjp, vmap
 from lra_cond.conditioning.lanczos import lanczos_extremes
 from lra_cond.conditioning.nullspace import NullSpace, build_null_space, snap_input
 from lra_cond.conditioning.probe import Probe, make_probe
-from lra_cond.conditioning.weights import weight_conditions
+from lra_cond.conditioning.weights import svdvals, weight_conditions
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
 
@@ -108,7 +108,7 @@ def _dense_head_jacobian(probe: Probe, h: int) -> torch.Tensor:
 
 
 def _dense(probe: Probe, null: NullSpace, rtol: float, jacs: list[torch.Tensor]) -> SpectrumSummary:
-    s = torch.cat([torch.linalg.svdvals(j) for j in jacs])
+    s = torch.cat([svdvals(j) for j in jacs])
     return _summary_from_values(s, rtol, null.dim)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lra_cond.conditioning.probe import Probe
+from lra_cond.conditioning.weights import svdvals
 
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
 
@@ -228,5 +229,5 @@ def build_null_space(
 def _rank(m: torch.Tensor, rtol: float = 1e-9) -> int:
     if m.shape[1] == 0:
         return 0
-    s = torch.linalg.svdvals(m)
+    s = svdvals(m)
     return int((s > rtol * s.max()).sum())
