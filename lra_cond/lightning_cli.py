@@ -11,7 +11,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
-from lra_cond.callbacks import RunSummary
+from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary
 from lra_cond.data import LraDataModule
 from lra_cond.models.module import LraModel
 
@@ -52,6 +52,10 @@ class LraCLI(LightningCLI):
         # One length setting: the model's position table is as long as the data's truncation
         # (None on both sides = the task's maximum).
         parser.link_arguments("data.max_len", "model.max_len")
+        # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
+        parser.add_lightning_class_args(ConditionNumberMonitor, "cond")
+        # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
+        parser.add_lightning_class_args(EpochsToTarget, "target")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]

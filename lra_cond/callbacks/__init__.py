@@ -1,4 +1,6 @@
+from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
+from lra_cond.callbacks.epochs_to_target import EpochsToTarget
 from lra_cond.callbacks.metrics_file import read_metrics, update_metrics
 from lra_cond.callbacks.run_summary import RunSummary
 
-__all__ = ["RunSummary", "read_metrics", "update_metrics"]
+__all__ = ["ConditionNumberMonitor", "EpochsToTarget", "RunSummary", "read_metrics", "update_metrics"]

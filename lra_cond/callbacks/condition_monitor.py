@@ -1,0 +1,194 @@
+"""Tracks the attention Jacobian's condition number (and the weights') during training.
+
+At step 0 (before any update) and every ``every_n_steps`` optimizer steps, the model is copied to
+float64/eval, a fixed probe batch from the validation set is run through the copy, each attention
+layer's input (after its LayerNorm) is captured with a forward hook, and
+:func:`lra_cond.conditioning.jacobian_condition` measures that layer. Training weights and modes are
+never touched. Runs from ``on_train_batch_start`` (validation runs under inference mode, where no
+Jacobian can be taken), on rank zero only, never during the sanity check.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from rich.console import Console
+
+from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
+from lra_cond.callbacks.metrics_file import update_metrics
+from lra_cond.conditioning import jacobian_condition
+from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
+from lra_cond.errors import UserError
+
+
+class ConditionNumberMonitor(pl.Callback):
+    """Condition number of each attention layer's Jacobian d A / d (W_Q, W_K, W_V) during ``fit``.
+
+    Args:
+        every_n_steps: measure at step 0 and every this many optimizer steps (and at the end of
+            training); 0 disables the monitor.
+        method: ``matrix-free`` (Lanczos on J^T J, for long probes) or ``dense`` (exact, small probes).
+        probe_tokens: the probe is the first validation examples, each cropped to this many tokens,
+            until they hold at least this many real tokens (it must reach 3 * dim for a full-rank J).
+        per_block: also measure the Q, K and V blocks alone (4 solves per layer instead of 1).
+        rtol: singular values below rtol * sigma_max count as null.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 500,
+        method: str = "matrix-free",
+        probe_tokens: int = 256,
+        per_block: bool = True,
+        rtol: float = DEFAULT_RTOL,
+    ) -> None:
+        if every_n_steps < 0:
+            raise UserError(f"cond.every_n_steps must be >= 0 (0 disables), got {every_n_steps}")
+        if method not in METHODS:
+            raise UserError(f"cond.method must be one of {', '.join(METHODS)}, got '{method}'")
+        if probe_tokens <= 0:
+            raise UserError(f"cond.probe_tokens must be positive, got {probe_tokens}")
+        self.every_n_steps = every_n_steps
+        self.method = method
+        self.probe_tokens = probe_tokens
+        self.per_block = per_block
+        self.rtol = rtol
+        self.history: list[dict[str, Any]] = []
+        self._probe: dict[str, torch.Tensor] | None = None
+        self._warned = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_n_steps > 0
+
+    def _measured(self, step: int) -> bool:
+        return any(h["step"] == step for h in self.history)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *_: Any
+    ) -> None:
+        step = trainer.global_step
+        if self.enabled and step % self.every_n_steps == 0 and not self._measured(step):
+            self.measure(trainer, pl_module, batch)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.enabled and not self._measured(trainer.global_step):
+            self.measure(trainer, pl_module, None)
+
+    def _probe_batch(self, trainer: pl.Trainer, fallback: Any) -> dict[str, torch.Tensor]:
+        if self._probe is None:
+            loader = None
+            datamodule = getattr(trainer, "datamodule", None)
+            if datamodule is not None and hasattr(datamodule, "val_dataloader"):
+                loader = datamodule.val_dataloader()
+            elif trainer.val_dataloaders is not None:
+                loader = trainer.val_dataloaders
+            if loader is None:
+                Console(stderr=True).print(
+                    "[yellow]warning:[/] no validation data for the condition-number probe; "
+                    "using the first training batch"
+                )
+                loader = [fallback]
+            self._probe = take_probe(loader, self.probe_tokens)
+        return self._probe
+
+    @torch.inference_mode(False)
+    @torch.enable_grad()
+    def measure(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any
+    ) -> dict[str, Any] | None:
+        """Measure every attention layer now; log, record and return the history entry."""
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return None
+        was_training = pl_module.training
+        start = time.perf_counter()
+        try:
+            probe = self._probe_batch(trainer, batch)
+            model = float64_copy(pl_module)
+            probe = {k: v.to(pl_module.device) for k, v in probe.items()}
+            layers = capture_layer_inputs(model, probe)
+            results = [
+                jacobian_condition(
+                    layer, x, mask, method=self.method, per_block=self.per_block, rtol=self.rtol
+                )
+                for layer, x, mask in layers
+            ]
+        finally:
+            pl_module.train(was_training)
+        entry = self._entry(trainer, results, time.perf_counter() - start)
+        self.history.append(entry)
+        self._log(trainer, entry)
+        return entry
+
+    def _entry(self, trainer: pl.Trainer, results: list, seconds: float) -> dict[str, Any]:
+        batches = trainer.num_training_batches
+        epoch = trainer.global_step / batches if batches and batches != float("inf") else None
+        layers = []
+        for r in results:
+            layers.append(
+                {
+                    "kappa": r.kappa,
+                    "sigma_max": r.sigma_max,
+                    "sigma_min": r.sigma_min,
+                    "n_null": r.n_null,
+                    "n_null_expected": r.n_null_expected,
+                    "null_groups": r.null_groups,
+                    "kappa_blocks": {b: s.kappa for b, s in r.per_block.items()},
+                    "weights": r.weights,
+                    "n_tokens": r.n_tokens,
+                    "reason": r.reason,
+                    "notes": r.notes,
+                }
+            )
+            if r.reason and not self._warned:
+                Console(stderr=True).print(f"[yellow]warning:[/] condition number not measured: {r.reason}")
+                self._warned = True
+        kappas = [r.kappa for r in results if r.kappa is not None]
+        return {
+            "step": trainer.global_step,
+            "epoch": epoch,
+            "kappa_mean": sum(kappas) / len(kappas) if kappas else None,
+            "layers": layers,
+            "seconds": seconds,
+        }
+
+    def _log(self, trainer: pl.Trainer, entry: dict[str, Any]) -> None:
+        metrics: dict[str, float] = {}
+        for i, layer in enumerate(entry["layers"]):
+            if layer["kappa"] is not None:
+                metrics[f"cond/kappa/layer{i}"] = layer["kappa"]
+                metrics[f"cond/n_null/layer{i}"] = layer["n_null"]
+            for b, k in layer["kappa_blocks"].items():
+                if k is not None:
+                    metrics[f"cond/kappa_{b}/layer{i}"] = k
+            for b, w in layer["weights"].items():
+                metrics[f"cond/weights/{b}/layer{i}"] = w["stacked"]
+                for h, k in enumerate(w["heads"]):
+                    metrics[f"cond/weights/{b}_head{h}/layer{i}"] = k
+        if entry["kappa_mean"] is not None:
+            metrics["cond/kappa/mean"] = entry["kappa_mean"]
+        metrics["cond/seconds"] = entry["seconds"]
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=entry["step"])
+        if trainer.log_dir:
+            update_metrics(
+                trainer.log_dir,
+                cond_history=self.history,
+                cond_settings={
+                    "method": self.method,
+                    "probe_tokens": self.probe_tokens,
+                    "rtol": self.rtol,
+                    "every_n_steps": self.every_n_steps,
+                    "definition": "kappa of d A / d (W_Q, W_K, W_V) over the non-null spectrum; "
+                    "A = attention output before out_proj; float64, eval, explicit math",
+                },
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = list(state_dict.get("history", []))

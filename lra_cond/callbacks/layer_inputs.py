@@ -1,0 +1,91 @@
+"""Fixed probe batches and the inputs each attention layer sees on them (captured with hooks)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from lra_cond.models.attention.base import Attention, attention_layers
+
+
+def take_probe(batches: Iterable[dict[str, torch.Tensor]], tokens: int) -> dict[str, torch.Tensor]:
+    """The first examples of ``batches`` (in loader order), each cropped to ``tokens`` tokens, until
+    they hold at least ``tokens`` real tokens. A fixed, deterministic probe batch."""
+    rows: list[dict[str, torch.Tensor]] = []
+    total = 0
+    for batch in batches:
+        for i in range(len(batch["length"])):
+            row = {k: v[i : i + 1] for k, v in batch.items()}
+            for key in [k for k in row if k.startswith("input_ids")]:
+                suffix = key[len("input_ids") :]
+                length = row[f"length{suffix}"].clamp(max=tokens)
+                row[key] = row[key][:, : int(length.max())]
+                row[f"length{suffix}"] = length
+            rows.append(row)
+            total += int(row["length"].sum())
+            if total >= tokens:
+                return _stack(rows)
+    if not rows:
+        raise ValueError("the probe loader yielded no examples")
+    return _stack(rows)
+
+
+def _stack(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key in rows[0]:
+        if key.startswith("input_ids"):
+            n = max(r[key].shape[1] for r in rows)
+            out[key] = torch.cat([nn.functional.pad(r[key], (0, n - r[key].shape[1])) for r in rows])
+        else:
+            out[key] = torch.cat([r[key] for r in rows])
+    return out
+
+
+def float64_copy(module: nn.Module) -> nn.Module:
+    """An eval-mode float64 deep copy (a LightningModule's trainer is shared, not copied)."""
+    memo: dict[int, Any] = {}
+    trainer = getattr(module, "_trainer", None)
+    if trainer is not None:
+        memo[id(trainer)] = None
+    return copy.deepcopy(module, memo).double().eval()
+
+
+def capture_layer_inputs(
+    model: nn.Module, batch: dict[str, torch.Tensor]
+) -> list[tuple[Attention, torch.Tensor, torch.Tensor | None]]:
+    """Run ``model(batch)`` and return, per attention layer in order, (layer, x, key_padding_mask).
+
+    A layer called more than once (the two documents of a pair task) gets its inputs stacked along
+    the batch axis, padded to a common length and masked.
+    """
+    layers = [m for _, m in attention_layers(model)]
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {id(m): [] for m in layers}
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0]
+        mask = kwargs.get("key_padding_mask", args[1] if len(args) > 1 else None)
+        if mask is None:
+            mask = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
+        seen[id(module)].append((x.detach(), mask.detach()))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layers]
+    try:
+        with torch.no_grad():
+            model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+    out = []
+    for m in layers:
+        calls = seen[id(m)]
+        if not calls:
+            continue
+        n = max(x.shape[1] for x, _ in calls)
+        xs = torch.cat([nn.functional.pad(x, (0, 0, 0, n - x.shape[1])) for x, _ in calls])
+        masks = torch.cat([nn.functional.pad(k, (0, n - k.shape[1]), value=True) for _, k in calls])
+        out.append((m, xs, masks))
+    return out

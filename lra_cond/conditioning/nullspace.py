@@ -1,0 +1,236 @@
+"""The Jacobian's exact null space, built analytically and checked numerically.
+
+Theory (per head h, A_h = kernel(X W_Q^hT, X W_K^hT, X W_V^hT), torch layout W[out, in]):
+
+* **Gauge symmetry.** Kernels that see queries and keys only through inner products q_i . k_j
+  (softmax, Nystrom's landmark softmaxes) are unchanged by (W_Q^h, W_K^h) -> (M W_Q^h, M^{-T} W_K^h)
+  for any invertible d_h x d_h M. Its tangent directions (E W_Q^h, -E^T W_K^h), E in R^{d_h x d_h},
+  give H*d_h^2 null singular values. Kernels that L2-normalise q and k keep only the orthogonal part
+  (E antisymmetric: d_h(d_h-1)/2 per head) and gain the scale directions (W_Q^h, 0) and (0, W_K^h).
+  Elementwise feature maps (linear attention's elu+1) have no continuous gauge.
+* **Input null space.** If the probe rows x_i all lie in a subspace (X w = 0 for some w), then any
+  direction u w^T of W_Q, W_K or W_V leaves q, k, v unchanged: d_h directions per head, per block and
+  per null vector w. LayerNorm without bias (or with bias 0, as at init) makes rows mean-free, w = 1,
+  hence 3*H*d_h more null values on LayerNorm-ed inputs. This holds for every family.
+* **Key shift.** Softmax over keys ignores adding the same vector to every key of a sequence. If
+  (x_j - mean_j x_j) w = 0 within each sequence (e.g. w = 1/gamma after a LayerNorm with any bias),
+  the K directions u w^T are null too (they coincide with the input null space when rows are mean-free).
+
+Each candidate group is a linear subspace; a group is accepted when J applied to two random
+combinations of it is zero (relative to J on random directions). If J restricted to the group were
+not zero, a random combination would be null with probability zero, so this verifies the whole group
+with two Jacobian-vector products, for any attention family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lra_cond.conditioning.probe import Probe
+
+ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
+
+
+@dataclass
+class NullSpace:
+    """Orthonormal null-space basis per head, in that head's own parameter layout."""
+
+    bases: list[torch.Tensor]  # one (head_size, m_h) matrix per head
+    groups: dict[str, int] = field(default_factory=dict)  # accepted group -> directions (all heads)
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def dim(self) -> int:
+        return sum(b.shape[1] for b in self.bases)
+
+
+def input_null_vectors(x: torch.Tensor, rtol: float) -> torch.Tensor:
+    """Orthonormal w (D x z) with x w ~ 0, at relative tolerance ``rtol`` on the singular values."""
+    _, s, vh = torch.linalg.svd(x, full_matrices=True)
+    s_full = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
+    s_full[: s.numel()] = s
+    keep = s_full <= rtol * s.max()
+    return vh[keep].T
+
+
+def centered_rows(probe: Probe) -> torch.Tensor:
+    """Real rows minus their sequence's mean (keys of different sequences never mix)."""
+    parts = []
+    for b in range(probe.x.shape[0]):
+        xb = probe.x[b][probe.real[b]]
+        if xb.shape[0]:
+            parts.append(xb - xb.mean(0, keepdim=True))
+    return torch.cat(parts)
+
+
+def snap_input(probe: Probe, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make near-exact input symmetries exact; returns orthonormal bases (w0: x w = 0, wc: centred x w = 0).
+
+    Float32 LayerNorm outputs are mean-free only to ~1e-7; without snapping, the 3*H*d_h "null"
+    values would sit at ~1e-7 sigma_max and poison kappa. Directions below ``rtol`` are removed from
+    the real rows (a perturbation of relative size <= rtol).
+    """
+    x = probe.x.clone()
+    wc = input_null_vectors(centered_rows(probe), rtol)
+    for b in range(x.shape[0]):
+        rows = probe.real[b]
+        xb = x[b][rows]
+        resid = (xb - xb.mean(0, keepdim=True)) @ wc
+        x[b][rows] = xb - resid @ wc.T
+    probe.x = x
+    w0 = input_null_vectors(x[probe.real], rtol)
+    for b in range(x.shape[0]):
+        rows = probe.real[b]
+        x[b][rows] = x[b][rows] - (x[b][rows] @ w0) @ w0.T
+    probe.x = x
+    return w0, input_null_vectors(centered_rows(probe), rtol)
+
+
+def _bias(probe: Probe, block: str, h: int) -> torch.Tensor:
+    """Head h's bias of a projection as a (d_h, 1) column (zeros if the layer has none)."""
+    bias = getattr(probe.layer, f"{block}_proj").bias
+    d = probe.head_dim
+    if bias is None:
+        return torch.zeros(d, 1, dtype=probe.x.dtype, device=probe.x.device)
+    return bias.detach()[h * d : (h + 1) * d, None].to(probe.x.dtype)
+
+
+def _complement(vectors: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis of the orthogonal complement of span(vectors) (d x k) in R^d."""
+    d = vectors.shape[0]
+    scale = float(vectors.abs().max())
+    if scale == 0.0:
+        return torch.eye(d, dtype=vectors.dtype, device=vectors.device)
+    u, s, _ = torch.linalg.svd(vectors / scale, full_matrices=True)
+    rank = int((s > 1e-12).sum())
+    return u[:, rank:]
+
+
+def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Tensor) -> torch.Tensor | None:
+    """Candidate directions of one group for head h, columns in head h's layout (or None)."""
+    d, dim, blocks = probe.head_dim, probe.dim, probe.blocks
+    W = {b: probe.head_weight(b, h) for b in blocks}
+    cols: list[torch.Tensor] = []
+
+    def vec(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        z = torch.zeros(d, dim, dtype=probe.x.dtype, device=probe.x.device)
+        return torch.cat([parts.get(b, z).reshape(-1) for b in blocks])
+
+    def unit(a: int, c: int) -> torch.Tensor:
+        e = torch.zeros(d, d, dtype=probe.x.dtype, device=probe.x.device)
+        e[a, c] = 1.0
+        return e
+
+    if name in ("gauge", "gauge_fixed_bias", "orthogonal_gauge") and not ("q" in blocks and "k" in blocks):
+        return None
+    if name == "gauge":
+        for a in range(d):
+            for c in range(d):
+                e = unit(a, c)
+                cols.append(vec({"q": e @ W["q"], "k": -e.T @ W["k"]}))
+    elif name == "gauge_fixed_bias":
+        # q = W_Q x + b_Q with b_Q held fixed: M must keep b_Q (E b_Q = 0); b_K only adds a
+        # per-query constant to the scores, which softmax ignores.
+        for n in _complement(_bias(probe, "q", h)).T:
+            for a in range(d):
+                e = torch.zeros(d, d, dtype=probe.x.dtype, device=probe.x.device)
+                e[a] = n
+                cols.append(vec({"q": e @ W["q"], "k": -e.T @ W["k"]}))
+    elif name == "orthogonal_gauge":
+        # Rotations of q and k together; with fixed biases only those fixing b_Q and b_K.
+        basis = _complement(torch.cat([_bias(probe, "q", h), _bias(probe, "k", h)], 1))
+        for a in range(basis.shape[1]):
+            for c in range(a + 1, basis.shape[1]):
+                e = torch.outer(basis[:, a], basis[:, c]) - torch.outer(basis[:, c], basis[:, a])
+                cols.append(vec({"q": e @ W["q"], "k": e @ W["k"]}))
+    elif name in ("q_scale", "k_scale"):
+        b = name[0]
+        if b not in blocks:
+            return None
+        cols.append(vec({b: W[b]}))
+    elif name.startswith("input_null_"):
+        b = name[-1]
+        if b not in blocks:
+            return None
+        for w in w0.T:
+            for a in range(d):
+                m = torch.zeros(d, dim, dtype=probe.x.dtype, device=probe.x.device)
+                m[a] = w
+                cols.append(vec({b: m}))
+    elif name == "key_shift":
+        if "k" not in blocks:
+            return None
+        for w in wc.T:
+            for a in range(d):
+                m = torch.zeros(d, dim, dtype=probe.x.dtype, device=probe.x.device)
+                m[a] = w
+                cols.append(vec({"k": m}))
+    return torch.stack(cols, 1) if cols else None
+
+
+GROUPS = (
+    "gauge",
+    "gauge_fixed_bias",
+    "orthogonal_gauge",
+    "q_scale",
+    "k_scale",
+    "input_null_q",
+    "input_null_k",
+    "input_null_v",
+)
+
+
+def _is_null(probe: Probe, direction: torch.Tensor, reference: float) -> bool:
+    jv = probe.jvp(probe.theta(), direction)
+    return bool(jv.norm() <= ACCEPT_RTOL * reference * direction.norm())
+
+
+def orthonormal_columns(m: torch.Tensor, rtol: float = 1e-9) -> torch.Tensor:
+    """Orthonormal basis of span(m) (rank-revealing, so duplicated directions count once)."""
+    if m.shape[1] == 0:
+        return m
+    u, s, _ = torch.linalg.svd(m, full_matrices=False)
+    return u[:, s > rtol * s.max()]
+
+
+def build_null_space(probe: Probe, w0: torch.Tensor, wc: torch.Tensor, seed: int = 0) -> NullSpace:
+    """Candidate groups that J maps to zero, orthonormalised per head."""
+    gen = torch.Generator().manual_seed(seed)
+    theta = probe.theta()
+    rand = torch.randn(theta.shape, generator=gen, dtype=theta.dtype).to(theta.device)
+    jr = probe.jvp(theta, rand)
+    reference = float(jr.norm() / rand.norm())  # a typical gain of J, scale for the null test
+
+    per_head: list[list[torch.Tensor]] = [[] for _ in range(probe.num_heads)]
+    accepted: dict[str, int] = {}
+    rejected: list[str] = []
+    names = [*GROUPS, "key_shift"] if wc.shape[1] > w0.shape[1] else list(GROUPS)
+    for name in names:
+        if name in ("gauge_fixed_bias", "orthogonal_gauge") and (
+            "gauge" in accepted or "gauge_fixed_bias" in accepted
+        ):
+            continue  # subgroups of an accepted gauge
+        if name == "gauge_fixed_bias" and not any(_bias(probe, "q", h).any() for h in range(probe.num_heads)):
+            continue  # without a query bias it is the full gauge
+        cands = [_head_group(probe, h, name, w0, wc) for h in range(probe.num_heads)]
+        if any(c is None for c in cands):
+            continue
+        ok = True
+        for _ in range(2):
+            direction = torch.cat([c @ torch.randn(c.shape[1], generator=gen, dtype=c.dtype) for c in cands])
+            ok = ok and _is_null(probe, direction, reference)
+        if ok:
+            for h, c in enumerate(cands):
+                per_head[h].append(c)
+            accepted[name] = sum(c.shape[1] for c in cands)
+        else:
+            rejected.append(name)
+    bases = [
+        orthonormal_columns(torch.cat(cs, 1))
+        if cs
+        else torch.zeros(probe.head_size, 0, dtype=theta.dtype, device=theta.device)
+        for cs in per_head
+    ]
+    return NullSpace(bases, accepted, rejected)

@@ -1,0 +1,138 @@
+"""ConditionNumberMonitor through a tiny CLI fit; EpochsToTarget on scripted validation accuracies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import TINY_FIT, run_cli
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lra_cond.callbacks import EpochsToTarget, update_metrics
+from lra_cond.errors import UserError
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
+    shutil.copytree(tiny_listops, tmp_path / "data")
+    args = ["fit", "--task", "listops", *TINY_FIT, "--model.dim", "16", "--model.mlp_dim", "32"]
+    args += ["--cond.every_n_steps", "4", "--cond.method", "dense", "--cond.probe_tokens", "64"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs/listops/softmax/default/seed0"
+    tags = scalars(run)
+    for i in (0, 1):
+        for name in ("kappa", "kappa_q", "kappa_k", "kappa_v"):
+            assert [s for s, _ in tags[f"cond/{name}/layer{i}"]] == [0, 4, 8]
+        assert f"cond/weights/q/layer{i}" in tags and f"cond/weights/v_head1/layer{i}" in tags
+    mean = [(s, v) for s, v in tags["cond/kappa/mean"]]
+    history = json.loads((run / "metrics.json").read_text())["cond_history"]
+    assert [h["step"] for h in history] == [0, 4, 8]
+    for (step, value), h in zip(mean, history):
+        kappas = [layer["kappa"] for layer in h["layers"]]
+        assert step == h["step"] and value == pytest.approx(sum(kappas) / 2, rel=1e-6)
+        assert all(k > 1 for k in kappas)
+    # Theory, during training (2 heads of d_h = 8, q/k/v biases): at init LayerNorm has beta = 0, so
+    # inputs are mean-free: gauge with fixed b_Q, 2*(64-8), plus 3*2*8. Once beta moves, rows are not
+    # mean-free but softmax still ignores the key shift along 1/gamma: 112 + 2*8.
+    assert [layer["n_null"] for layer in history[0]["layers"]] == [160, 160]
+    # Verified exact symmetries; near-symmetries (beta ~ 1e-4) are genuine small singular values.
+    assert [layer["n_null_expected"] for layer in history[-1]["layers"]] == [128, 128]
+    assert all(layer["n_null"] >= 128 for layer in history[-1]["layers"])
+
+
+def test_monitor_on_by_default(tmp_path: Path) -> None:
+    proc = run_cli(["fit", "--task", "listops", "--print_config"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cond:\n  every_n_steps: 500\n  method: matrix-free" in proc.stdout
+    assert "target:\n  acc: null" in proc.stdout
+
+
+class Scripted(pl.LightningModule):
+    """Logs a scripted val/acc at each validation (10 training batches per epoch)."""
+
+    def __init__(self, accs: list[float]) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 1)
+        self.accs = accs
+        self.calls = 0
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        pass
+
+    def on_validation_epoch_end(self) -> None:
+        self.log("val/acc", self.accs[self.calls])
+        self.calls += 1
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit_scripted(tmp_path: Path, accs: list[float], callback: EpochsToTarget, max_steps: int = 30) -> Path:
+    data = DataLoader(TensorDataset(torch.randn(10, 2)), batch_size=1)
+    logger = TensorBoardLogger(tmp_path, name="run", version="v", default_hp_metric=False)
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        val_check_interval=3,  # validations after steps 3, 6, 9, then 13, 16, 19 (10 batches/epoch)
+        num_sanity_val_steps=0,
+        logger=logger,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Scripted(accs), data, data)
+    return Path(trainer.log_dir)
+
+
+ACCS = [0.1, 0.3, 0.5, 0.4, 0.6, 0.7, 0.8, 0.9, 0.9, 0.9, 0.9]
+
+
+def test_epochs_to_target_records_first_crossing(tmp_path: Path) -> None:
+    run = fit_scripted(tmp_path, ACCS, EpochsToTarget(acc=0.55))
+    m = json.loads((run / "metrics.json").read_text())
+    # 0.1 (step 3), 0.3 (6), 0.5 (9), 0.4 (13), 0.6 (16): first >= 0.55 at step 16, epoch 1.6.
+    assert (m["steps_to_target"], m["target_acc"]) == (16, 0.55)
+    assert m["target_reached_acc"] == pytest.approx(0.6)
+    assert m["epochs_to_target"] == pytest.approx(1.6)
+    tags = scalars(run)
+    assert tags["target/steps_to_target"] == [(0, 16.0)]
+    assert tags["target/epochs_to_target"][0][1] == pytest.approx(1.6)
+
+
+def test_epochs_to_target_stop_and_from_run(tmp_path: Path) -> None:
+    update_metrics(tmp_path / "baseline", best_val_acc=0.5)
+    cb = EpochsToTarget(from_run=str(tmp_path / "baseline"), stop=True)
+    run = fit_scripted(tmp_path / "b", ACCS, cb)
+    m = json.loads((run / "metrics.json").read_text())
+    assert (m["steps_to_target"], m["target_acc"]) == (9, 0.5)
+    assert m["epochs_to_target"] == pytest.approx(0.9)
+    assert cb.state_dict()["step"] == 9  # stopped at the crossing: no later validation ran
+    restored = EpochsToTarget(acc=0.5)
+    restored.load_state_dict(cb.state_dict())
+    assert (restored.step, restored.epoch, restored.target) == (9, cb.epoch, 0.5)
+
+
+def test_epochs_to_target_unreached_and_bad_input(tmp_path: Path) -> None:
+    run = fit_scripted(tmp_path, ACCS, EpochsToTarget(acc=0.95), max_steps=12)
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["steps_to_target"] is None and m["target_acc"] == 0.95
+    with pytest.raises(UserError, match="fraction"):
+        EpochsToTarget(acc=55)
+    with pytest.raises(UserError, match="no best_val_acc"):
+        fit_scripted(tmp_path / "c", ACCS, EpochsToTarget(from_run=str(tmp_path / "missing")))
