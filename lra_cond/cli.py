@@ -1,4 +1,4 @@
-"""Command line: ``python -m lra_cond {fit,validate,test,prepare} ...``.
+"""Command line: ``python -m lra_cond {fit,validate,test,prepare,compare,report} ...``.
 
 Trainer subcommands go through a LightningCLI subclass. ``--task T`` loads ``configs/defaults.yaml``
 and ``configs/T.yaml`` before any other argument (so later flags override them); ``--attention``
@@ -15,6 +15,7 @@ from lra_cond.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
+OTHER_COMMANDS = ("prepare", "compare", "report")
 SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
 # model.max_len is linked from data.max_len (one length for the data and the position table).
 ALIASES = {"--model.max_len": "--data.max_len"}
@@ -23,6 +24,8 @@ USAGE = """usage: python -m lra_cond COMMAND [options]
 commands:
   fit | validate | test   train / evaluate (LightningCLI; add --help for all options)
   prepare                 build a task's prepared data cache
+  compare                 fit several inits x seeds (reusing finished runs), then write a report
+  report RUNS_DIR         rebuild the comparison report from existing run folders
 
 example:
   python -m lra_cond fit --task listops --init conditioned
@@ -101,10 +104,11 @@ def prepare_main(argv: list[str]) -> None:
 def run_lightning(argv: list[str]) -> None:
     from lra_cond.lightning_cli import LraCLI
 
-    args = expand_shortcuts(argv)
-    saved, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when both args and sys.argv are set
+    # LightningCLI parses sys.argv, set to the expanded arguments: DDP re-executes
+    # ``python -m lra_cond`` + sys.argv[1:] for the other ranks, which must parse the same way.
+    saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
     try:
-        LraCLI(args=args)
+        LraCLI()
     finally:
         sys.argv = saved
 
@@ -117,12 +121,19 @@ def main(argv: list[str] | None = None) -> None:
             return
         if argv[0] == "prepare":
             prepare_main(argv[1:])
+        elif argv[0] == "compare":
+            from lra_cond.report.compare import compare_main
+
+            compare_main(argv[1:])
+        elif argv[0] == "report":
+            from lra_cond.report.build import report_main
+
+            report_main(argv[1:])
         elif argv[0] in TRAINER_COMMANDS:
             run_lightning(argv)
         else:
-            raise UserError(
-                f"unknown command '{argv[0]}'; valid commands: {', '.join((*TRAINER_COMMANDS, 'prepare'))}"
-            )
+            valid = ", ".join((*TRAINER_COMMANDS, *OTHER_COMMANDS))
+            raise UserError(f"unknown command '{argv[0]}'; valid commands: {valid}")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

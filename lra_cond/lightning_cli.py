@@ -11,7 +11,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
-from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary
+from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.data import LraDataModule
 from lra_cond.models.module import LraModel
 
@@ -39,6 +39,7 @@ class LraCLI(LightningCLI):
                     ),
                     LearningRateMonitor(logging_interval="step"),
                     RunSummary(),
+                    TensorBoardSummary(),
                 ],
             },
             args=args,

@@ -96,13 +96,14 @@ class EpochsToTarget(pl.Callback):
             )
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Scalars plus the TensorBoard hparams plugin's metric list (written once, when reached)."""
+        """Scalars at the step reached. (The hparams tab is written once, at fit end, by
+        TensorBoardSummary: a second hparams session in the same run would confuse the tab.)"""
         if trainer.is_global_zero:
             metrics = {"target/steps_to_target": float(self.step)}
             if self.epoch is not None:
                 metrics["target/epochs_to_target"] = self.epoch
             for logger in trainer.loggers:
-                logger.log_hyperparams(dict(pl_module.hparams), metrics=metrics)
+                logger.log_metrics(metrics, step=self.step)
 
     def state_dict(self) -> dict[str, Any]:
         return {
