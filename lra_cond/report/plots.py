@@ -93,6 +93,7 @@ def plot_all(runs: list[Run], out_dir: Path, title: str) -> dict[str, Path | Non
         written["val_acc"] = _finish(fig, out_dir / "val_acc.png")
     else:
         plt.close(fig)
+        (out_dir / "val_acc.png").unlink(missing_ok=True)  # no stale plot from an earlier report
         written["val_acc"] = None
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -105,6 +106,7 @@ def plot_all(runs: list[Run], out_dir: Path, title: str) -> dict[str, Path | Non
         written["kappa"] = _finish(fig, out_dir / "kappa.png")
     else:
         plt.close(fig)
+        (out_dir / "kappa.png").unlink(missing_ok=True)
         written["kappa"] = None
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
@@ -122,5 +124,6 @@ def plot_all(runs: list[Run], out_dir: Path, title: str) -> dict[str, Path | Non
         written["weights_kappa"] = _finish(fig, out_dir / "weights_kappa.png")
     else:
         plt.close(fig)
+        (out_dir / "weights_kappa.png").unlink(missing_ok=True)
         written["weights_kappa"] = None
     return written
