@@ -12,7 +12,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lra_cond.callbacks.metrics_file import read_metrics, update_metrics
+from lra_cond.callbacks.metrics_file import read_metrics, run_dir_of, update_metrics
 from lra_cond.errors import UserError
 
 
@@ -84,9 +84,9 @@ class EpochsToTarget(pl.Callback):
             self._write(trainer)
 
     def _write(self, trainer: pl.Trainer) -> None:
-        if trainer.is_global_zero and trainer.log_dir:
+        if trainer.is_global_zero and run_dir_of(trainer):
             update_metrics(
-                trainer.log_dir,
+                run_dir_of(trainer),
                 target_acc=self.target,
                 target_source=self.source,
                 target_metric=self.metric,

@@ -11,7 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lra_cond.callbacks.metrics_file import read_metrics
+from lra_cond.callbacks.metrics_file import read_metrics, run_dir_of
 
 # Regexes are allowed in custom-scalar "Multiline" charts: every layer's tag lands in one chart.
 LAYOUT = {
@@ -47,7 +47,7 @@ class TensorBoardSummary(pl.Callback):
             logger.experiment.add_custom_scalars(LAYOUT)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or not trainer.log_dir or trainer.interrupted:
+        if not trainer.is_global_zero or not run_dir_of(trainer) or trainer.interrupted:
             return
         hp = pl_module.hparams
         params = {
@@ -59,7 +59,7 @@ class TensorBoardSummary(pl.Callback):
             "lr": hp.get("lr"),
             "num_params": sum(p.numel() for p in pl_module.parameters()),
         }
-        metrics = hp_metrics(read_metrics(trainer.log_dir))
+        metrics = hp_metrics(read_metrics(run_dir_of(trainer)))
         for logger in _tensorboard_loggers(trainer):
             # Called after the trainer's teardown finalized the logger: log_hyperparams reopens the
             # writer; flush so the session is on disk before the best checkpoint is tested.
