@@ -42,6 +42,11 @@ def warnings_for(runs: list[Run]) -> list[str]:
     return out
 
 
+def _finished(run: Run) -> str:
+    m = run.metrics
+    return f"{m.get('total_steps')} steps" + ("" if m.get("test_acc") is not None else ", not finished")
+
+
 def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     """Write ``out_dir/report.md`` (+ summary.json and PNGs) for ``runs``; return the report path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -63,14 +68,16 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
         path = plots.get(key)
         lines.append(f"![{caption}]({path.name})" if path else f"- {caption}: no data in these runs.")
         lines.append("")
-    lines += ["## Runs", "", *[f"- `{r.path}`" for r in runs], ""]
+    # Relative to the folder holding compare/, so `compare` and `report` write identical files.
+    lines += ["## Runs (folders next to this report's folder)", ""]
+    lines += [f"- `{r.init}/seed{r.seed}`: {_finished(r)}" for r in runs] + [""]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
     summary = {
         "target_acc": target,
         "rows": [asdict(row) for row in rows],
         "warnings": warns,
-        "runs": [str(r.path) for r in runs],
+        "runs": [f"{r.init}/seed{r.seed}" for r in runs],
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return report
