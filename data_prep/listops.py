@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,33 +52,82 @@ PRESETS = {
 CHUNK = 500
 
 
-class _TooLong(Exception):
-    pass
+# Serialization: n+1 "(" before an operator with n arguments, ")" after each argument.
+_ARGS = tuple(f"{d} )" for d in DIGITS)
+_CLOSE_INNER = END + " ) )"  # "]", the operator's own pair, and the argument pair of its parent
+_CLOSE_ROOT = END + " )"
 
 
-def _node(rng: random.Random, depth: int, cfg: ListOpsConfig, budget: list[int]) -> tuple[str, int]:
-    """Generate one subtree; returns (serialized string, value). Aborts once too long.
+def _shape(rnd: Callable[[], float], cfg: ListOpsConfig) -> list[int] | None:
+    """Arities of one tree's nodes in preorder (0 = leaf), or None once it cannot be short enough.
 
-    Aborting early only discards trees that the length filter would reject anyway, so the
-    distribution of accepted trees equals the reference's.
+    Only the structure is drawn here: a node above ``max_depth`` is an operator with probability
+    ``OPERATOR_P`` and then has randint(2, max_args) children. Digits and operator names do not affect
+    the length, so they are drawn later and only for accepted trees (``_label``); the accepted trees
+    have the reference distribution. A tree is abandoned as soon as its tokens so far plus one per
+    child not yet started reach ``max_len``: the length filter would reject it anyway.
     """
-    if depth < cfg.max_depth and rng.random() <= OPERATOR_P:
-        budget[0] += 2
-        if budget[0] >= cfg.max_len:
-            raise _TooLong
-        n = rng.randint(2, cfg.max_args)
-        children = [_node(rng, depth + 1, cfg, budget) for _ in range(n)]
-        op = OPERATORS[rng.randrange(4)]
-        values = [v for _, v in children]
-        parts = ["( " * (n + 1) + op]
-        parts.extend(s + " )" for s, _ in children)
-        parts.append(END + " )")
-        return " ".join(parts), _apply(op, values)
-    budget[0] += 1
-    if budget[0] >= cfg.max_len:
-        raise _TooLong
-    d = rng.randrange(10)
-    return DIGITS[d], d
+    p, max_depth, max_len, span = OPERATOR_P, cfg.max_depth, cfg.max_len, cfg.max_args - 1
+    scale = span / p
+    arities: list[int] = []
+    append = arities.append
+    remaining: list[int] = []  # children still to start, per open operator
+    length = pending = 0
+    depth = 1
+    while True:
+        u = rnd() if depth < max_depth else 1.0
+        if u <= p:
+            # randint(2, max_args) from the same draw: u / p is uniform on [0, 1] given u <= p.
+            n = 2 + min(span - 1, int(u * scale))
+            append(n)
+            length += 2
+            pending += n
+            if length + pending >= max_len:
+                return None
+            remaining.append(n)
+            depth += 1
+        else:
+            append(0)
+            length += 1
+            if length + pending >= max_len:
+                return None
+            while remaining:  # close every operator whose last child just ended
+                remaining[-1] -= 1
+                if remaining[-1]:
+                    break
+                remaining.pop()
+                depth -= 1
+            if not remaining:
+                return arities
+        if remaining:
+            pending -= 1  # the next node starts one of the pending children
+
+
+def _label(rnd: Callable[[], float], arities: list[int]) -> tuple[str, int]:
+    """Draw digits and operators for a tree shape; return its serialization and value."""
+    parts: list[str] = []
+    emit = parts.append
+    stack: list[tuple[str, list[int], int]] = []  # (operator, argument values, arity)
+    value = 0
+    for n in arities:
+        if n:
+            op = OPERATORS[int(rnd() * 4)]
+            emit("( " * (n + 1) + op)
+            stack.append((op, [], n))
+            continue
+        value = int(rnd() * 10)
+        if not stack:
+            return DIGITS[value], value
+        emit(_ARGS[value])  # "d )": a digit closing its argument pair
+        while stack:  # the finished subtree is an argument of the innermost open operator
+            op, args, n_args = stack[-1]
+            args.append(value)
+            if len(args) < n_args:
+                break
+            stack.pop()
+            value = _apply(op, args)
+            emit(_CLOSE_INNER if stack else _CLOSE_ROOT)
+    return " ".join(parts), value
 
 
 def _apply(op: str, values: list[int]) -> int:
@@ -86,23 +135,24 @@ def _apply(op: str, values: list[int]) -> int:
         return min(values)
     if op == "[MAX":
         return max(values)
-    if op == "[MED":
-        return int(np.median(values))
+    if op == "[MED":  # floor of numpy's median (mean of the two middle values when even)
+        s = sorted(values)
+        mid = len(s) // 2
+        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
     return sum(values) % 10
 
 
 def _chunk(args: tuple[int, int, ListOpsConfig]) -> list[tuple[str, int]]:
     seed, index, cfg = args
-    rng = random.Random(f"listops-{seed}-{index}")
+    rnd = random.Random(f"listops-{seed}-{index}").random
     out: list[tuple[str, int]] = []
     while len(out) < CHUNK:
-        budget = [0]
-        try:
-            source, value = _node(rng, 1, cfg, budget)
-        except _TooLong:
+        arities = _shape(rnd, cfg)
+        if arities is None:
             continue
-        if budget[0] > cfg.min_len:
-            out.append((source, value))
+        length = len(arities) + sum(1 for n in arities if n)  # digits + opener and "]" per operator
+        if length > cfg.min_len:
+            out.append(_label(rnd, arities))
     return out
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from lra_cond.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
-OTHER_COMMANDS = ("prepare", "compare", "report")
+COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench", "compare", "report")
 SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
 # model.max_len is linked from data.max_len (one length for the data and the position table).
 ALIASES = {"--model.max_len": "--data.max_len"}
@@ -24,6 +25,7 @@ USAGE = """usage: python -m lra_cond COMMAND [options]
 commands:
   fit | validate | test   train / evaluate (LightningCLI; add --help for all options)
   prepare                 build a task's prepared data cache
+  bench                   time training steps at a shape (one JSON line)
   compare                 fit several inits x seeds (reusing finished runs), then write a report
   report RUNS_DIR         rebuild the comparison report from existing run folders
 
@@ -78,11 +80,18 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
     return [command, *prefix, *rest]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises ``UserError`` (one line) instead of printing usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see: {self.prog} --help)")
+
+
 def prepare_main(argv: list[str]) -> None:
     from lra_cond.data import cache
     from lra_cond.data.tasks import TASKS
 
-    p = argparse.ArgumentParser(prog="python -m lra_cond prepare", description="Build a prepared data cache.")
+    p = OneLineParser(prog="python -m lra_cond prepare", description="Build a prepared data cache.")
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
     p.add_argument("--preset", default="full", help="full (the LRA splits) or tiny (smoke-test size)")
     p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA or ./data)")
@@ -102,6 +111,8 @@ def prepare_main(argv: list[str]) -> None:
 
 
 def run_lightning(argv: list[str]) -> None:
+    from jsonargparse import ArgumentError
+
     from lra_cond.lightning_cli import LraCLI
 
     # LightningCLI parses sys.argv, set to the expanded arguments: DDP re-executes
@@ -109,6 +120,10 @@ def run_lightning(argv: list[str]) -> None:
     saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
     try:
         LraCLI()
+    except ArgumentError as e:
+        # jsonargparse's message spans lines (and would come after a full usage text): one line.
+        message = " ".join(str(e).split())
+        raise UserError(f"{message} (see: python -m lra_cond {argv[0]} --help)") from None
     finally:
         sys.argv = saved
 
@@ -121,6 +136,10 @@ def main(argv: list[str] | None = None) -> None:
             return
         if argv[0] == "prepare":
             prepare_main(argv[1:])
+        elif argv[0] == "bench":
+            from lra_cond.bench import bench_main
+
+            bench_main(argv[1:])
         elif argv[0] == "compare":
             from lra_cond.report.compare import compare_main
 
@@ -132,8 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         elif argv[0] in TRAINER_COMMANDS:
             run_lightning(argv)
         else:
-            valid = ", ".join((*TRAINER_COMMANDS, *OTHER_COMMANDS))
-            raise UserError(f"unknown command '{argv[0]}'; valid commands: {valid}")
+            raise UserError(f"unknown command '{argv[0]}'; valid commands: {', '.join(COMMANDS)}")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,8 +1,9 @@
 """The LightningCLI subclass behind ``fit``/``validate``/``test``: run folders, default callbacks,
-and testing the best checkpoint after ``fit``."""
+resumable checkpoints, and testing the best checkpoint after ``fit``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
@@ -12,8 +13,15 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
 from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
+from lra_cond.callbacks.finite_guard import FiniteGuard
+from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
+from lra_cond.callbacks.rng_state import RngState
 from lra_cond.data import LraDataModule
+from lra_cond.errors import UserError
 from lra_cond.models.module import LraModel
+
+# A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
+PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
 
 
 def run_name(task: str, attention: str, init: str) -> str:
@@ -33,30 +41,51 @@ class LraCLI(LightningCLI):
                     ModelCheckpoint(
                         monitor="val/acc",
                         mode="max",
-                        save_last=True,
                         filename="best-step{step}",
                         auto_insert_metric_name=False,
                     ),
                     LearningRateMonitor(logging_interval="step"),
                     RunSummary(),
                     TensorBoardSummary(),
+                    RngState(),
+                    FiniteGuard(),
                 ],
             },
+            parser_kwargs=PARSER_KWARGS,
             args=args,
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
+        parser.add_lightning_class_args(ConditionNumberMonitor, "cond")
+        # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
+        parser.add_lightning_class_args(EpochsToTarget, "target")
         parser.add_argument(
             "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
+        )
+        parser.add_argument(
+            "--checkpoint_every",
+            type=int,
+            default=250,
+            help="write checkpoints/last.ckpt every N training steps (and at the end); "
+            "resume an interrupted run with --ckpt_path last",
         )
         parser.link_arguments("data.task", "model.task")
         # One length setting: the model's position table is as long as the data's truncation
         # (None on both sides = the task's maximum).
         parser.link_arguments("data.max_len", "model.max_len")
-        # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
-        parser.add_lightning_class_args(ConditionNumberMonitor, "cond")
-        # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
-        parser.add_lightning_class_args(EpochsToTarget, "target")
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand != "fit":
+            return
+        cfg = self.config[self.subcommand]
+        # -1 is Lightning's "no step limit" (max_epochs then ends the run); 0 would train nothing.
+        steps = cfg.trainer.max_steps
+        if steps == 0 or steps < -1:
+            raise UserError(f"trainer.max_steps must be positive (or -1 for no step limit), got {steps}")
+        every = cfg.checkpoint_every
+        if every <= 0:
+            raise UserError(f"checkpoint_every must be positive (steps between checkpoints), got {every}")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]
@@ -68,16 +97,34 @@ class LraCLI(LightningCLI):
                 version=f"seed{cfg.seed_everything}",
                 default_hp_metric=False,
             )
+        if self.subcommand == "fit":
+            # After the best-by-validation ModelCheckpoint, so last.ckpt holds its updated state.
+            resume = ResumeCheckpoint(every_n_train_steps=cfg.checkpoint_every)
+            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], resume]
         return super().instantiate_trainer(**kwargs)
+
+    def before_fit(self) -> None:
+        """``--ckpt_path last`` means this run folder's checkpoints/last.ckpt; say what happens."""
+        cfg = self.config_init[self.subcommand]
+        if cfg.ckpt_path != "last" or not self.trainer.log_dir:
+            return
+        last = Path(self.trainer.log_dir) / "checkpoints" / "last.ckpt"
+        console = Console(stderr=True)
+        if last.is_file():
+            console.print(f"resuming from {last}")
+            cfg.ckpt_path = str(last)
+        else:
+            console.print(f"[yellow]note:[/] no {last} yet: starting this run from scratch")
+            cfg.ckpt_path = None
 
     def after_fit(self) -> None:
         trainer = self.trainer
         if trainer.fast_dev_run or trainer.interrupted:
             return
-        ckpt = trainer.checkpoint_callback
+        ckpt = trainer.checkpoint_callback  # the first ModelCheckpoint: best by val/acc
         if ckpt is not None and ckpt.best_model_path:
             # Test the best-by-validation checkpoint, not the last weights.
-            trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best")
+            trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt.best_model_path)
         else:
             Console(stderr=True).print(
                 "[yellow]warning:[/] no validation ran, so there is no best checkpoint; "

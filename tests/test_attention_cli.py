@@ -12,7 +12,6 @@ from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 # Tiny ListOps sequences are 20..200 tokens, so Nyström gets fewer than its default 64 landmarks.
 ATTENTION_ARGS = {"nystrom": '{"num_landmarks": 16}'}
 # One torch thread: on a shared 2-core machine the default two threads make each run ~2.5x slower.
-ENV = {"OMP_NUM_THREADS": "1"}
 # Most of a run's ~7 s of CPU is imports; one val/test batch and no sanity check trim the rest.
 FAST = "--trainer.limit_val_batches 1 --trainer.limit_test_batches 1 --trainer.num_sanity_val_steps 0".split()
 
@@ -23,7 +22,7 @@ def test_tiny_fit(attention, init, tiny_listops, tmp_path):
     args = ["fit", "--task", "listops", "--attention", attention, "--init", init, *TINY_FIT, *FAST]
     if attention in ATTENTION_ARGS:
         args += ["--model.attention_args", ATTENTION_ARGS[attention]]
-    result = run_cli(args, tmp_path, env={**ENV, "LRA_DATA": str(tiny_listops)})
+    result = run_cli(args, tmp_path, env={"LRA_DATA": str(tiny_listops)})
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "runs" / "listops" / attention / init / "seed0"
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -38,5 +37,5 @@ def test_tiny_fit(attention, init, tiny_listops, tmp_path):
 def test_too_many_landmarks_is_a_one_line_error(tiny_listops, tmp_path):
     args = ["fit", "--task", "listops", "--attention", "nystrom", *TINY_FIT, *FAST]
     args += ["--model.attention_args", '{"num_landmarks": 1000}']
-    result = run_cli(args, tmp_path, env={**ENV, "LRA_DATA": str(tiny_listops)})
+    result = run_cli(args, tmp_path, env={"LRA_DATA": str(tiny_listops)})
     assert_one_line_error(result, "nystrom attention: num_landmarks=1000 exceeds the sequence length")

@@ -56,7 +56,7 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
 def test_monitor_on_by_default(tmp_path: Path) -> None:
     proc = run_cli(["fit", "--task", "listops", "--print_config"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "cond:\n  every_n_steps: 500\n  method: matrix-free" in proc.stdout
+    assert "cond:\n  every_n_steps: 1000\n  method: dense" in proc.stdout
     assert "target:\n  acc: null" in proc.stdout
 
 

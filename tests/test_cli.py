@@ -70,23 +70,6 @@ def test_test_accuracy_is_that_of_the_best_checkpoint(fitted, tiny_listops):
     assert metrics["test_acc"] == pytest.approx(correct / total, abs=1e-6)
 
 
-@pytest.mark.parametrize(
-    "args, expected",
-    [
-        (["--task", "lisops"], "unknown task 'lisops'; valid tasks: listops"),
-        (["--task", "listops", "--attention", "sofmax"], "unknown attention 'sofmax'; valid attentions: "),
-        (["--task", "listops", "--init", "conditoned"], "unknown init 'conditoned'; valid inits: "),
-        (["--task", "listops", "--data.preset", "huge"], "unknown preset 'huge' for task listops"),
-        (["--task", "listops", "--model.lr", "-1"], "model.lr must be positive"),
-    ],
-)
-def test_bad_names_are_one_line_errors(fitted, args, expected):
-    before = (fitted / RUN / "metrics.json").read_bytes()
-    proc = run_cli(["fit", *args], fitted)
-    assert_one_line_error(proc, expected)
-    assert (fitted / RUN / "metrics.json").read_bytes() == before
-
-
 def test_data_dir_that_cannot_hold_data_is_one_line_error(tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("keep me")

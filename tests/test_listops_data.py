@@ -159,3 +159,77 @@ def test_reader_reports_file_and_line(tmp_path, body, message):
     path.write_text("Source\tTarget\n" + body)
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace("(", r"\(")):
         list(listops.read_tsv(path))
+
+
+def _reference_tree(rng, depth: int, cfg) -> tuple[list[str], int]:
+    """The reference algorithm, written plainly: recursive, no early abort, numpy median."""
+    if depth < cfg.max_depth and rng.random() <= listops.OPERATOR_P:
+        n = rng.randint(2, cfg.max_args)
+        kids = [_reference_tree(rng, depth + 1, cfg) for _ in range(n)]
+        op = rng.choice(sorted(OPS))
+        vals = [v for _, v in kids]
+        value = {"[MIN": min(vals), "[MAX": max(vals), "[SM": sum(vals) % 10}.get(op)
+        if value is None:
+            value = int(np.median(vals))
+        return [op, *(t for toks, _ in kids for t in toks), "]"], value
+    d = rng.randrange(10)
+    return [str(d)], d
+
+
+def _tree_stats(tokens: list[str]) -> tuple[int, int, list[int]]:
+    """(length, depth, arity of each operator) of a token list without parentheses."""
+    open_counts: list[int] = []  # arguments seen so far, per open operator
+    arities: list[int] = []
+    depth = 0
+    for tok in tokens:
+        if tok == "]":
+            arities.append(open_counts.pop())
+            continue
+        if open_counts:  # a digit or a nested operator is an argument of the innermost operator
+            open_counts[-1] += 1
+        if tok in OPS:
+            open_counts.append(0)
+            depth = max(depth, len(open_counts))
+    return len(tokens), depth, arities
+
+
+def test_generator_matches_reference_distribution():
+    """Fast generator vs the plain reference algorithm (rejection sampling, distinct trees).
+
+    Fixed seeds, so the test is deterministic; bounds are ~4 standard errors for 1500 trees.
+    """
+    import random
+
+    cfg = dataclasses.replace(listops.PRESETS["tiny"], sizes=(1500, 0, 0))
+    fast = [(s.split(), label) for s, label in listops.generate_trees(cfg, seed=11)]
+    fast = [([t for t in toks if t not in "()"], label) for toks, label in fast]
+    rng, seen, ref = random.Random(0), set(), []
+    while len(ref) < 1500:
+        toks, label = _reference_tree(rng, 1, cfg)
+        key = " ".join(toks)
+        if cfg.min_len < len(toks) < cfg.max_len and key not in seen:
+            seen.add(key)
+            ref.append((toks, label))
+    summaries = {}
+    for name, trees in (("fast", fast), ("ref", ref)):
+        stats = [_tree_stats(toks) for toks, _ in trees]
+        arities = np.array([a for _, _, ar in stats for a in ar])
+        ops = [t for toks, _ in trees for t in toks if t in OPS]
+        summaries[name] = {
+            "length": np.array([n for n, _, _ in stats]),
+            "depth": np.array([d for _, d, _ in stats]),
+            "arity_hist": np.bincount(arities, minlength=11)[2:11] / len(arities),
+            "op_freq": np.array([ops.count(o) for o in sorted(OPS)]) / len(ops),
+            "labels": np.bincount([label for _, label in trees], minlength=10) / len(trees),
+        }
+    f, r = summaries["fast"], summaries["ref"]
+    assert r["arity_hist"].min() > 0.08  # sanity of the reference itself: uniform over 2..10
+    for key in ("length", "depth"):
+        se = np.sqrt(f[key].var() / 1500 + r[key].var() / 1500)
+        assert abs(f[key].mean() - r[key].mean()) < 4 * se, key
+    # Two-sample Kolmogorov-Smirnov on lengths (critical value ~0.07 at alpha 1e-3 for 1500 vs 1500).
+    grid = np.arange(cfg.max_len)
+    ecdf = [np.searchsorted(np.sort(s["length"]), grid, side="right") / 1500 for s in (f, r)]
+    assert np.abs(ecdf[0] - ecdf[1]).max() < 0.07
+    for key, tol in (("arity_hist", 0.03), ("op_freq", 0.02), ("labels", 0.05)):
+        assert np.abs(f[key] - r[key]).max() < tol, (key, f[key], r[key])

@@ -226,7 +226,7 @@ def jacobian_condition(
     iterations = []
     head_jacs: list[torch.Tensor] = []
     for name, p in scopes:
-        null = build_null_space(p, w0, wc)
+        null = build_null_space(p, w0, wc, basis=method != "dense")
         if method == "dense":
             if name == "all":
                 head_jacs = [_dense_head_jacobian(p, h) for h in range(p.num_heads)]

@@ -37,13 +37,14 @@ ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null directio
 class NullSpace:
     """Orthonormal null-space basis per head, in that head's own parameter layout."""
 
-    bases: list[torch.Tensor]  # one (head_size, m_h) matrix per head
+    dims: list[int]  # null-space dimension per head
+    bases: list[torch.Tensor] | None = None  # one (head_size, m_h) matrix per head, when asked for
     groups: dict[str, int] = field(default_factory=dict)  # accepted group -> directions (all heads)
     rejected: list[str] = field(default_factory=list)
 
     @property
     def dim(self) -> int:
-        return sum(b.shape[1] for b in self.bases)
+        return sum(self.dims)
 
 
 def input_null_vectors(x: torch.Tensor, rtol: float) -> torch.Tensor:
@@ -112,62 +113,49 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
     """Candidate directions of one group for head h, columns in head h's layout (or None)."""
     d, dim, blocks = probe.head_dim, probe.dim, probe.blocks
     W = {b: probe.head_weight(b, h) for b in blocks}
-    cols: list[torch.Tensor] = []
+    eye = torch.eye(d, dtype=probe.x.dtype, device=probe.x.device)
 
-    def vec(parts: dict[str, torch.Tensor]) -> torch.Tensor:
-        z = torch.zeros(d, dim, dtype=probe.x.dtype, device=probe.x.device)
-        return torch.cat([parts.get(b, z).reshape(-1) for b in blocks])
+    def columns(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """{block: (m, d, D) directions} -> (head_size, m), zeros in the other blocks."""
+        m = next(iter(parts.values())).shape[0]
+        z = torch.zeros(m, d, dim, dtype=probe.x.dtype, device=probe.x.device)
+        return torch.cat([parts.get(b, z).reshape(m, -1) for b in blocks], 1).T
 
-    def unit(a: int, c: int) -> torch.Tensor:
-        e = torch.zeros(d, d, dtype=probe.x.dtype, device=probe.x.device)
-        e[a, c] = 1.0
-        return e
+    def rows_equal(vectors: torch.Tensor) -> torch.Tensor:
+        """Directions "row a of the d x D block = v" for every a and every v in vectors (D, r)."""
+        return torch.einsum("ai,vD->vaiD", eye, vectors.T).reshape(-1, d, dim)
 
     if name in ("gauge", "gauge_fixed_bias", "orthogonal_gauge") and not ("q" in blocks and "k" in blocks):
         return None
-    if name == "gauge":
-        for a in range(d):
-            for c in range(d):
-                e = unit(a, c)
-                cols.append(vec({"q": e @ W["q"], "k": -e.T @ W["k"]}))
-    elif name == "gauge_fixed_bias":
-        # q = W_Q x + b_Q with b_Q held fixed: M must keep b_Q (E b_Q = 0); b_K only adds a
-        # per-query constant to the scores, which softmax ignores.
-        for n in _complement(_bias(probe, "q", h)).T:
-            for a in range(d):
-                e = torch.zeros(d, d, dtype=probe.x.dtype, device=probe.x.device)
-                e[a] = n
-                cols.append(vec({"q": e @ W["q"], "k": -e.T @ W["k"]}))
-    elif name == "orthogonal_gauge":
+    if name in ("gauge", "gauge_fixed_bias"):
+        # E = e_a n^T with n over a basis N of R^d ("gauge") or of b_Q's complement ("gauge_fixed_bias":
+        # q = W_Q x + b_Q with b_Q held fixed needs E b_Q = 0; b_K only adds a per-query constant
+        # to the scores, which softmax ignores). dW_Q = E W_Q, dW_K = -E^T W_K.
+        n = eye if name == "gauge" else _complement(_bias(probe, "q", h))
+        dq = torch.einsum("ai,cD->aciD", eye, n.T @ W["q"])
+        dk = -torch.einsum("ic,aD->aciD", n, W["k"])
+        return columns({"q": dq.reshape(-1, d, dim), "k": dk.reshape(-1, d, dim)})
+    if name == "orthogonal_gauge":
         # Rotations of q and k together; with fixed biases only those fixing b_Q and b_K.
         basis = _complement(torch.cat([_bias(probe, "q", h), _bias(probe, "k", h)], 1))
-        for a in range(basis.shape[1]):
-            for c in range(a + 1, basis.shape[1]):
-                e = torch.outer(basis[:, a], basis[:, c]) - torch.outer(basis[:, c], basis[:, a])
-                cols.append(vec({"q": e @ W["q"], "k": e @ W["k"]}))
-    elif name in ("q_scale", "k_scale"):
+        es = [
+            torch.outer(basis[:, a], basis[:, c]) - torch.outer(basis[:, c], basis[:, a])
+            for a in range(basis.shape[1])
+            for c in range(a + 1, basis.shape[1])
+        ]
+        if not es:
+            return None
+        e = torch.stack(es)
+        return columns({"q": e @ W["q"], "k": e @ W["k"]})
+    if name in ("q_scale", "k_scale"):
         b = name[0]
-        if b not in blocks:
-            return None
-        cols.append(vec({b: W[b]}))
-    elif name.startswith("input_null_"):
+        return columns({b: W[b][None]}) if b in blocks else None
+    if name.startswith("input_null_"):
         b = name[-1]
-        if b not in blocks:
-            return None
-        for w in w0.T:
-            for a in range(d):
-                m = torch.zeros(d, dim, dtype=probe.x.dtype, device=probe.x.device)
-                m[a] = w
-                cols.append(vec({b: m}))
-    elif name == "key_shift":
-        if "k" not in blocks:
-            return None
-        for w in wc.T:
-            for a in range(d):
-                m = torch.zeros(d, dim, dtype=probe.x.dtype, device=probe.x.device)
-                m[a] = w
-                cols.append(vec({"k": m}))
-    return torch.stack(cols, 1) if cols else None
+        return columns({b: rows_equal(w0)}) if b in blocks and w0.shape[1] else None
+    if name == "key_shift":
+        return columns({"k": rows_equal(wc)}) if "k" in blocks and wc.shape[1] else None
+    return None
 
 
 GROUPS = (
@@ -195,7 +183,9 @@ def orthonormal_columns(m: torch.Tensor, rtol: float = 1e-9) -> torch.Tensor:
     return u[:, s > rtol * s.max()]
 
 
-def build_null_space(probe: Probe, w0: torch.Tensor, wc: torch.Tensor, seed: int = 0) -> NullSpace:
+def build_null_space(
+    probe: Probe, w0: torch.Tensor, wc: torch.Tensor, seed: int = 0, basis: bool = True
+) -> NullSpace:
     """Candidate groups that J maps to zero, orthonormalised per head."""
     gen = torch.Generator().manual_seed(seed)
     theta = probe.theta()
@@ -227,10 +217,16 @@ def build_null_space(probe: Probe, w0: torch.Tensor, wc: torch.Tensor, seed: int
             accepted[name] = sum(c.shape[1] for c in cands)
         else:
             rejected.append(name)
-    bases = [
-        orthonormal_columns(torch.cat(cs, 1))
-        if cs
-        else torch.zeros(probe.head_size, 0, dtype=theta.dtype, device=theta.device)
-        for cs in per_head
-    ]
-    return NullSpace(bases, accepted, rejected)
+    empty = torch.zeros(probe.head_size, 0, dtype=theta.dtype, device=theta.device)
+    stacked = [torch.cat(cs, 1) if cs else empty for cs in per_head]
+    if basis:
+        bases = [orthonormal_columns(m) for m in stacked]
+        return NullSpace([b.shape[1] for b in bases], bases, accepted, rejected)
+    return NullSpace([_rank(m) for m in stacked], None, accepted, rejected)
+
+
+def _rank(m: torch.Tensor, rtol: float = 1e-9) -> int:
+    if m.shape[1] == 0:
+        return 0
+    s = torch.linalg.svdvals(m)
+    return int((s > rtol * s.max()).sum())

@@ -3,11 +3,16 @@
 Layout: ``<data_dir>/<task>/<preset>/prepared/`` with splits train/val/test and columns
 ``input_ids`` (ragged int16 token ids, 0 = pad never stored), ``length`` (true length) and
 ``label``. Pair tasks add ``input_ids2``/``length2``. Written to a temporary directory and renamed
-on success, so an interrupted prepare leaves nothing that loads.
+on success, so an interrupted prepare leaves nothing that loads. ``manifest.json`` (written last, so
+it marks a complete cache) records the source, generator parameters and seed, split sizes, and the
+size and sha256 of every file; loading checks the sizes always and the checksums on first use and
+whenever a file's size or mtime changed (``verified.json`` remembers the last full check), so a
+truncated or altered cache is reported with the exact ``prepare`` command that rebuilds it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +27,8 @@ from datasets import Dataset, DatasetDict, load_from_disk
 from lra_cond.errors import UserError
 
 MANIFEST = "manifest.json"
+VERIFIED = "verified.json"  # {file: [size, mtime_ns]} of the last full checksum pass
+_HASH_BUFFER = 1 << 20
 
 
 def default_data_dir() -> Path:
@@ -57,24 +64,96 @@ def _table(columns: dict[str, Any]) -> pa.Table:
     return pa.table(arrays)
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_BUFFER):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _data_files(root: Path) -> list[Path]:
+    """Every file of the saved DatasetDict (Arrow shards and their JSON metadata), sorted."""
+    skip = {MANIFEST, VERIFIED}
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip)
+
+
 def save_prepared(out: Path, splits: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> Path:
     """Write splits atomically to ``out`` (a ``prepared`` directory) with a manifest."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
+    for stale in (tmp, old):  # left by an earlier interrupted prepare
+        if stale.exists():
+            shutil.rmtree(stale)
     dd = DatasetDict({name: Dataset(_table(cols)) for name, cols in splits.items()})
     dd.save_to_disk(str(tmp))
     sizes = {name: len(ds) for name, ds in dd.items()}
-    (tmp / MANIFEST).write_text(json.dumps({**manifest, "sizes": sizes}, indent=2) + "\n")
-    old = out.with_name(out.name + ".old")
+    files = {
+        p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in _data_files(tmp)
+    }
+    _write_json(tmp / VERIFIED, _stamp(tmp, files))
+    # The manifest goes last: its presence is what marks the cache complete.
+    _write_json(tmp / MANIFEST, {**manifest, "sizes": sizes, "files": files})
     if out.exists():
         out.rename(old)
     tmp.rename(out)
     if old.exists():
         shutil.rmtree(old)
     return out
+
+
+def _write_json(path: Path, data: Any) -> None:
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
+    part.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(part, path)
+
+
+def _stamp(root: Path, files: dict[str, Any]) -> dict[str, list[int]]:
+    stats = {name: (root / name).stat() for name in files}
+    return {name: [st.st_size, st.st_mtime_ns] for name, st in stats.items()}
+
+
+def exact_prepare_command(manifest: dict[str, Any], hint: str) -> str:
+    """``hint`` plus the ``--source``/``--seed`` recorded in the manifest, so a rebuild is identical."""
+    source = manifest.get("source")  # a path, or "generated" / "fixture" / "hub:<id>"
+    if isinstance(source, str) and os.path.isabs(source) and "--source" not in hint:
+        hint += f" --source {source}"
+    if "seed" in manifest and "--seed" not in hint:
+        hint += f" --seed {manifest['seed']}"
+    return hint
+
+
+def verify_prepared(path: Path, manifest: dict[str, Any], prepare_hint: str) -> None:
+    """Raise ``UserError`` if a file listed in the manifest is missing, resized or altered."""
+    files = manifest.get("files")
+    if files is None:  # caches written before checksums existed
+        return
+    command = exact_prepare_command(manifest, prepare_hint)
+
+    def corrupt(name: str, what: str) -> UserError:
+        return UserError(f"prepared data at {path} is corrupt ({name}: {what}); re-run: {command}")
+
+    for name, info in files.items():
+        f = path / name
+        if not f.is_file():
+            raise corrupt(name, "missing")
+        if f.stat().st_size != info["bytes"]:
+            raise corrupt(name, f"{f.stat().st_size} bytes, the manifest says {info['bytes']}")
+    try:
+        stamp = json.loads((path / VERIFIED).read_text())
+    except (OSError, ValueError):
+        stamp = None
+    if stamp == _stamp(path, files):
+        return  # unchanged since the last full check
+    for name, info in files.items():
+        if file_sha256(path / name) != info["sha256"]:
+            raise corrupt(name, "sha256 differs from the manifest")
+    try:
+        _write_json(path / VERIFIED, _stamp(path, files))
+    except OSError:
+        pass  # a read-only cache is verified in full on every load
 
 
 def is_prepared(path: Path) -> bool:
@@ -86,6 +165,13 @@ def load_prepared(path: Path, prepare_hint: str) -> DatasetDict:
     if not is_prepared(path):
         raise UserError(f"no prepared data at {path}; run: {prepare_hint}")
     try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except ValueError:
+        raise UserError(f"prepared data at {path} has a corrupt {MANIFEST}; re-run: {prepare_hint}") from None
+    verify_prepared(path, manifest, prepare_hint)
+    try:
         return load_from_disk(str(path))
     except Exception as e:  # corrupt Arrow files surface as many exception types
-        raise UserError(f"prepared data at {path} is unreadable ({e}); re-run: {prepare_hint}") from None
+        reason = " ".join(str(e).split())[:200]
+        command = exact_prepare_command(manifest, prepare_hint)
+        raise UserError(f"prepared data at {path} is unreadable ({reason}); re-run: {command}") from None

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from functools import partial
+import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from rich.console import Console
 from torch.utils.data import DataLoader
 
 from lra_cond.data import cache
-from lra_cond.data.collate import collate
+from lra_cond.data.batches import PackedSplit, batch_identity
+from lra_cond.data.sampler import EpochShuffleSampler
 from lra_cond.data.tasks import TASKS, TaskSpec
 from lra_cond.errors import UserError
+
+# The training loader resumes mid-epoch through this datamodule's state (see ``state_dict``), which
+# Lightning's check for a resumable DataLoader does not know about.
+warnings.filterwarnings("ignore", message=r".*ended before the epoch ended and your dataloader is not")
+
+
+def default_workers() -> int:
+    return min(2, max(0, (os.cpu_count() or 1) - 1)) if torch.cuda.is_available() else 0
 
 
 class LraDataModule(pl.LightningDataModule):
@@ -23,11 +35,18 @@ class LraDataModule(pl.LightningDataModule):
         data_dir: data root; defaults to ``$LRA_DATA`` or ``./data``.
         preset: ``full`` (the LRA splits) or ``tiny`` (a few hundred examples, for smoke tests).
         batch_size: examples per batch.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes; default 0 on CPU-only machines (batches are cheap
+            to assemble, see ``batches.py``, and workers would take cores from training), 2 when
+            CUDA is available (assembly overlaps the GPU step).
         seed: generator seed used when the data must be generated on the fly.
         max_len: keep only the first ``max_len`` tokens of every sequence (default: the task's
             maximum, all that the cache holds). E.g. 1000 for the shorter text setup; the CLI links
             it to ``model.max_len`` so the position table matches.
+
+    The training order is a seeded permutation per epoch (``EpochShuffleSampler``); its seed is the
+    global seed at the first ``train_dataloader()`` (``seed_everything``), and it is saved in
+    checkpoints together with the position in the epoch, so ``--ckpt_path last`` continues with
+    exactly the batches an uninterrupted run would have used.
     """
 
     def __init__(
@@ -36,7 +55,7 @@ class LraDataModule(pl.LightningDataModule):
         data_dir: str | None = None,
         preset: str = "full",
         batch_size: int = 32,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         seed: int = 0,
         max_len: int | None = None,
     ) -> None:
@@ -61,10 +80,15 @@ class LraDataModule(pl.LightningDataModule):
             )
         self.preset = preset
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        if num_workers is not None and num_workers < 0:
+            raise UserError(f"num_workers must be >= 0, got {num_workers}")
+        self.num_workers = default_workers() if num_workers is None else num_workers
         self.seed = seed
         self.max_len = max_len
         self.splits = None
+        self.shuffle_seed: int | None = None
+        self._train_sampler: EpochShuffleSampler | None = None
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches already trained in it)
 
     @property
     def path(self) -> Path:
@@ -72,6 +96,9 @@ class LraDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         if cache.is_prepared(self.path):
+            # Check the cache here, before any callback writes into the run folder, so a corrupt
+            # cache stops the run without touching a previous run's files.
+            self.setup()
             return
         if not self.spec.local(self.preset):
             command = self.spec.prepare_command(self.data_dir, self.preset)
@@ -84,22 +111,50 @@ class LraDataModule(pl.LightningDataModule):
             hint = self.spec.prepare_command(self.data_dir, self.preset)
             self.splits = cache.load_prepared(self.path, hint).with_format("numpy")
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def _loader(self, split: str, sampler: EpochShuffleSampler | None = None) -> DataLoader:
+        # Whole batches come from the Arrow columns at once (PackedSplit.__getitems__).
         return DataLoader(
-            self.splits[split],
+            PackedSplit(self.splits[split], max_len=self.max_len),
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,
-            collate_fn=partial(collate, max_len=self.max_len),
+            sampler=sampler,
+            drop_last=sampler is not None,
+            collate_fn=batch_identity,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            # Worker seeds come from this generator, not the global RNG, so creating a loader does
+            # not shift the dropout stream (which resume restores exactly).
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        if self.shuffle_seed is None:
+            self.shuffle_seed = torch.initial_seed()
+        self._train_sampler = EpochShuffleSampler(len(self.splits["train"]), self.shuffle_seed)
+        if self._resume_at is not None:
+            epoch, batches = self._resume_at
+            self._train_sampler.resume(epoch, batches * self.batch_size)
+            self._resume_at = None
+        return self._loader("train", self._train_sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._loader("test")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where training stands in the shuffled order; saved in every checkpoint."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or self.shuffle_seed is None:
+            return {}
+        # Batches finished in the current epoch (the checkpoint is written after a training step).
+        epoch, done = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if done >= trainer.num_training_batches:  # saved on the epoch's last batch: next epoch, from 0
+            epoch, done = epoch + 1, 0
+        return {"shuffle_seed": self.shuffle_seed, "epoch": epoch, "batches_done": done}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict:
+            self.shuffle_seed = state_dict["shuffle_seed"]
+            self._resume_at = (state_dict["epoch"], state_dict["batches_done"])

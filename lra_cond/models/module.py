@@ -122,11 +122,16 @@ class LraModel(pl.LightningModule):
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "test", self.test_acc)
 
-    def configure_optimizers(self) -> Any:
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """The training optimizer (also used by ``python -m lra_cond bench``)."""
         hp = self.hparams
-        opt = torch.optim.AdamW(
+        return torch.optim.AdamW(
             self.parameters(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay
         )
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        opt = self.make_optimizer()
         total = int(self.trainer.estimated_stepping_batches)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda step: warmup_linear(step, hp.warmup_steps, total)

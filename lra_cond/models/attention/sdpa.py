@@ -4,9 +4,11 @@
 that on CPU (torch 2.13) both fused kernels refuse dropout > 0 and it falls back to the math kernel,
 which materialises (and keeps for backward) the full score, probability and dropout-mask matrices.
 The mask type does not matter there: a boolean key-padding mask keeps the CPU flash kernel. So in
-that one case queries are processed in chunks, each under activation checkpointing: forward keeps
-only the chunk's output, backward recomputes one chunk at a time with the same dropout mask
-(checkpointing restores the RNG state). Peak memory is then O(chunk x N) instead of O(N x N).
+that one case the blockwise kernel (``blockwise.py``: query blocks against each sample's real keys,
+probabilities recomputed and dropout masks regenerated in the backward) computes the formula, about
+twice as fast as the math kernel. Masks that are not key-suffix padding fall back to query chunks
+under activation checkpointing (checkpointing restores the RNG state, so the backward reuses the
+forward's dropout mask). Either way peak memory is O(chunk x N) instead of O(N x N).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from lra_cond.models.attention.blockwise import blockwise_attention, prefix_lengths
 
 # Largest score block (batch * heads * query rows * keys) built at once on the chunked path:
 # 2**22 float32 elements = 16 MiB per intermediate. Measured at N = 4096 and 8192: about 100 MiB peak
@@ -34,8 +38,13 @@ def attend(
 
     q: (batch, heads, queries, d); k, v: (batch, heads, keys, d). ``scale`` defaults to 1/sqrt(d).
     """
-    mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
     b, h, n, _ = q.shape
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        lengths = None if key_padding_mask is None else prefix_lengths(key_padding_mask)
+        if key_padding_mask is None or lengths is not None:
+            rows = max(1, budget // (h * k.shape[-2]))  # per-sample blocks of at most `budget` scores
+            return blockwise_attention(q, k, v, lengths, dropout_p=dropout_p, rows=rows, scale=scale)
+    mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
     rows = max(1, budget // (b * h * k.shape[-2]))
     if dropout_p == 0.0 or q.device.type != "cpu" or rows >= n:
         # Fused kernel (CPU flash without dropout; CUDA memory-efficient kernel takes dropout too),

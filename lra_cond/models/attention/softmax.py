@@ -16,9 +16,9 @@ from lra_cond.models.attention.sdpa import attend
 class SoftmaxAttention(Attention):
     """softmax(Q K^T / sqrt(d)) V per head, dropout on the attention probabilities.
 
-    Training path: ``attend`` (fused ``F.scaled_dot_product_attention``; on CPU with dropout, query
-    chunks under checkpointing), so training memory never holds the N x N matrix of a long sequence
-    (see ``sdpa.py``). Explicit path: the formula, written out.
+    Training path: ``attend`` (fused ``F.scaled_dot_product_attention``; on CPU with dropout, the
+    blockwise kernel of ``blockwise.py``), so training memory never holds the N x N matrix of a long
+    sequence (see ``sdpa.py``). Explicit path: the formula, written out.
     """
 
     def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201

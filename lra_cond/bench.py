@@ -1,0 +1,316 @@
+"""``python -m lra_cond bench``: time real training steps of :class:`LraModel` at a given shape.
+
+One JSON line on stdout. The model and optimizer are the ones training uses (``LraModel`` with the
+reference widths, ``LraModel.make_optimizer``); a step is forward + cross-entropy + backward + AdamW
+step on a random token batch of exactly ``batch_size x seq_len`` tokens (no padding unless
+``--padded``). Timings are wall-clock medians/minima over ``--steps`` steps after ``--warmup`` steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lra_cond.errors import UserError
+
+MONITOR_MODULE = "lra_cond.callbacks"
+MONITOR_CLASS = "ConditionNumberMonitor"
+# Cadence attribute and probe method looked up on the monitor, first match wins.
+CADENCE_ATTRS = ("every_n_steps", "every_n_train_steps", "cadence", "interval")
+PROBE_METHODS = ("probe", "measure")
+EXAMPLE_ARGS = '{"num_landmarks": 64}'
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from lra_cond.data.tasks import TASKS
+    from lra_cond.models.attention import ATTENTIONS
+
+    p = argparse.ArgumentParser(prog="python -m lra_cond bench", description=__doc__.splitlines()[0])
+    p.add_argument("--attention", required=True, help=f"one of: {', '.join(ATTENTIONS.names())}")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--batch-size", type=int, required=True, help="sequences per batch")
+    p.add_argument("--task", default="listops", help=f"vocabulary/classes of: {', '.join(TASKS.names())}")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--explicit", action="store_true", help="use the explicit-math attention path")
+    p.add_argument("--padded", action="store_true", help="random lengths in [seq/2, seq] (padding)")
+    p.add_argument("--attention-args", default="{}", help="JSON dict, e.g. '{\"num_landmarks\": 64}'")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--data-dir", default=None, help="prepared data root for the loader rate")
+    p.add_argument("--preset", default="full", help="data preset for the loader rate")
+    p.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the DataModule's)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    ATTENTIONS.get(args.attention)
+    TASKS.get(args.task)
+    for name in ("seq_len", "batch_size", "steps"):
+        if getattr(args, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    try:
+        args.attention_args = json.loads(args.attention_args)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--attention-args is not valid JSON ({e}); example: '{EXAMPLE_ARGS}'") from None
+    if not isinstance(args.attention_args, dict):
+        raise UserError(f"--attention-args must be a JSON object, e.g. '{EXAMPLE_ARGS}'")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available; use --device cpu")
+    return args
+
+
+def random_batch(
+    spec: Any, batch: int, seq: int, padded: bool, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Random tokens (ids 1..vocab-1) and labels; full lengths unless ``padded``."""
+    out: dict[str, torch.Tensor] = {}
+    for suffix in ("", "2") if getattr(spec, "pair", False) else ("",):
+        ids = torch.randint(1, spec.vocab_size, (batch, seq), generator=gen)
+        if padded:
+            lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=gen)
+            lengths[0] = seq  # the batch is as long as its longest sequence
+        else:
+            lengths = torch.full((batch,), seq)
+        ids[torch.arange(seq)[None, :] >= lengths[:, None]] = 0
+        out["input_ids" + suffix], out["length" + suffix] = ids, lengths
+    out["label"] = torch.randint(0, spec.num_classes, (batch,), generator=gen)
+    return out
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> None:
+    """What Lightning runs per training step (minus logging): loss, backward, AdamW step."""
+    loss = F.cross_entropy(model(batch), batch["label"])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (Linux clear_refs 5); False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class PeakMemory:
+    """Peak memory during a block: CUDA max allocated, else RSS high-water mark of this process."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.kind = ""
+        self.peak_mb: float | None = None
+        self.before_mb: float | None = None
+
+    def __enter__(self) -> PeakMemory:
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self.before_mb = torch.cuda.memory_allocated() / 2**20
+        else:
+            self.before_mb = _proc_status_mb("VmRSS")
+            self._reset = _reset_peak_rss() and _proc_status_mb("VmHWM") is not None
+            self._maxrss_before = _maxrss_mb()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device == "cuda":
+            self.kind = "cuda_max_allocated"
+            self.peak_mb = torch.cuda.max_memory_allocated() / 2**20
+        elif self._reset:
+            self.kind = "rss_peak_during_steps"
+            self.peak_mb = _proc_status_mb("VmHWM")
+        else:  # lifetime peak: exact only if the timed steps set it
+            self.kind = "rss_lifetime_peak"
+            self.peak_mb = max(_maxrss_mb(), self._maxrss_before)
+
+
+def _baddbmm_flops(acc_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    batch, n, k = a_shape
+    return 2 * batch * n * k * b_shape[-1]
+
+
+def _sdpa_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+def _sdpa_backward_flops(g_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(g_shape, q_shape, k_shape, v_shape)
+
+
+def count_flops(step: Callable[[], None]) -> int:
+    """Matmul/attention FLOPs executed by one ``step()`` (FlopCounterMode, plus CPU flash SDPA)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    # torch's counter misses the CPU flash kernel (same formulas as the CUDA ones) and the in-place
+    # baddbmm_ (used by the blockwise softmax kernel).
+    extra = {aten.baddbmm_: _baddbmm_flops}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_flops
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_backward_flops
+    counter = FlopCounterMode(display=False, custom_mapping=extra)
+    with counter:
+        step()
+    return int(counter.get_total_flops())
+
+
+def loader_rate(args: argparse.Namespace, seconds: float = 3.0, max_batches: int = 300) -> tuple[Any, str]:
+    """Training-loader batches/s over the task's prepared data, or (None, reason)."""
+    from lra_cond.data import cache
+    from lra_cond.data.datamodule import LraDataModule
+
+    data_dir = Path(args.data_dir) if args.data_dir else cache.default_data_dir()
+    path = cache.prepared_dir(data_dir, args.task, args.preset)
+    if not cache.is_prepared(path):
+        return None, f"no prepared {args.task} ({args.preset}) data at {path}"
+    kw = {} if args.num_workers is None else {"num_workers": args.num_workers}
+    dm = LraDataModule(args.task, str(data_dir), args.preset, batch_size=args.batch_size, **kw)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    it = iter(loader)
+    next(it)  # worker start-up and first fetch are not throughput
+    n, start = 0, time.perf_counter()
+    for _ in it:
+        n += 1
+        if n >= max_batches or time.perf_counter() - start > seconds:
+            break
+    elapsed = time.perf_counter() - start
+    return (round(n / elapsed, 2) if n else None), f"{n} batches from {path}"
+
+
+def monitor_cost(model: torch.nn.Module, batch: dict[str, torch.Tensor], step_s: float) -> tuple[Any, str]:
+    """Condition-monitor probe time / (cadence x step time), or (None, reason).
+
+    Protocol looked up generically: ``lra_cond.callbacks.ConditionNumberMonitor()`` constructible with
+    defaults, a cadence attribute (``every_n_steps`` or similar, in training steps) and a
+    ``probe(model, batch)`` method performing one measurement.
+    """
+    try:
+        cls = getattr(importlib.import_module(MONITOR_MODULE), MONITOR_CLASS)
+    except (ImportError, AttributeError):
+        return None, "condition monitor not available"
+    try:
+        monitor = cls()
+    except Exception as e:  # a constructor needing arguments does not fit the protocol
+        return None, f"{MONITOR_CLASS}() failed: {e}"
+    cadences = [getattr(monitor, a) for a in CADENCE_ATTRS if isinstance(getattr(monitor, a, None), int)]
+    probes = [getattr(monitor, m) for m in PROBE_METHODS if callable(getattr(monitor, m, None))]
+    if not cadences or cadences[0] <= 0 or not probes:
+        return None, f"{MONITOR_CLASS} lacks a cadence {CADENCE_ATTRS} or a probe method {PROBE_METHODS}"
+    cadence, probe = cadences[0], probes[0]
+    start = time.perf_counter()
+    probe(model, batch)
+    probe_s = time.perf_counter() - start
+    return round(probe_s / (cadence * step_s), 5), f"probe {probe_s:.3f} s every {cadence} steps"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from lra_cond.data.tasks import TASKS
+    from lra_cond.models.attention import explicit_math
+    from lra_cond.models.module import LraModel
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    spec = TASKS.get(args.task)
+    model = LraModel(
+        task=args.task,
+        attention=args.attention,
+        attention_args=args.attention_args,
+        max_len=max(args.seq_len, spec.max_len),
+    ).to(args.device)
+    model.train()
+    opt = model.make_optimizer()
+    gen = torch.Generator().manual_seed(args.seed)
+    batches = [random_batch(spec, args.batch_size, args.seq_len, args.padded, gen) for _ in range(2)]
+    batches = [{k: v.to(args.device) for k, v in b.items()} for b in batches]
+    times: list[float] = []
+    cpu_times: list[float] = []  # process CPU seconds: a load-independent view on a shared machine
+    with explicit_math(model) if args.explicit else contextlib.nullcontext():
+        for i in range(args.warmup):
+            train_step(model, opt, batches[i % 2])
+        _sync(args.device)
+        with PeakMemory(args.device) as mem:
+            for i in range(args.steps):
+                start, cpu_start = time.perf_counter(), time.process_time()
+                train_step(model, opt, batches[i % 2])
+                _sync(args.device)
+                times.append(time.perf_counter() - start)
+                cpu_times.append(time.process_time() - cpu_start)
+        flops = count_flops(lambda: train_step(model, opt, batches[0]))
+    median = statistics.median(times)
+    loader, loader_note = loader_rate(args)
+    model.eval()
+    cond, cond_note = monitor_cost(model, {k: v[:1] for k, v in batches[0].items()}, median)
+    tokens = args.batch_size * args.seq_len
+    return {
+        "attention": args.attention,
+        "explicit": args.explicit,
+        "task": args.task,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "padded": args.padded,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "step_s_median": round(median, 5),
+        "step_s_min": round(min(times), 5),
+        "cpu_s_median": round(statistics.median(cpu_times), 5),
+        "tokens_per_s": round(tokens / median, 1),
+        "peak_mem_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
+        "mem_before_steps_mb": None if mem.before_mb is None else round(mem.before_mb, 1),
+        "mem_kind": mem.kind,
+        "flops_per_step": flops,
+        "flops_per_s": round(flops / median, 1),
+        "train_steps_per_s": round(1 / median, 4),
+        "loader_batches_per_s": loader,
+        "loader_note": loader_note,
+        "loader_over_train": None if loader is None else round(loader * median, 2),
+        "cond_probe_fraction": cond,
+        "cond_probe_note": cond_note,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def bench_main(argv: list[str]) -> None:
+    print(json.dumps(run(parse_args(argv))), flush=True)

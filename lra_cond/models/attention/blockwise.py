@@ -1,0 +1,169 @@
+"""Softmax attention with dropout on the probabilities, computed in query blocks (CPU training path).
+
+Why: torch's CPU flash kernel refuses ``dropout_p > 0``, so ``F.scaled_dot_product_attention`` falls
+back to its math path, which materialises several (batch, heads, N, N) tensors (scores, probabilities,
+dropout mask, dropped probabilities) and is memory-bound. Here each sample's queries are processed in
+blocks against that sample's real keys only (padded keys are dropped rather than masked: same result,
+less work); the backward recomputes a block's probabilities and regenerates its dropout mask from a
+per-block seed, as GPU flash attention does, so nothing N x N is kept between forward and backward.
+
+Result: ``dropout(softmax(Q K^T / sqrt(d), padded keys excluded)) V`` with inverted dropout. The
+drop decision compares 16 uniform random bits with ``round(p * 2**16)``, so the dropout rate is
+``p`` rounded to a multiple of 2**-16 (0.1 -> 0.1000061) and survivors are scaled by 1/(1 - that
+rate): unbiased, and cheaper to draw than float uniforms. ``block_keep`` regenerates the masks
+so tests can check the kernel against the formula exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+# Scores of one block hold about this many numbers (8 MiB in float32: fits the last-level cache, and
+# few blocks mean few thread-pool barriers, which matters when cores are shared).
+BLOCK_ELEMENTS = 1 << 21
+_MASK64 = (1 << 64) - 1
+
+
+def block_rows(heads: int, n_keys: int) -> int:
+    """Query rows per block so that one block of scores holds about ``BLOCK_ELEMENTS`` numbers."""
+    return max(16, min(1024, BLOCK_ELEMENTS // max(1, heads * n_keys)))
+
+
+def quantized_rate(p: float) -> float:
+    """The dropout rate actually applied: ``p`` rounded to a multiple of 2**-16."""
+    return round(p * 65536) / 65536
+
+
+def _block_seed(seed: int, index: int) -> int:
+    """Independent 32-bit seed per block (splitmix64 finaliser; torch's mt19937 keeps 32 bits)."""
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & 0xFFFFFFFF
+
+
+def _random_bits(seed: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Uniform int16 draws of ``shape`` for block ``index`` (four per 64-bit word of the generator)."""
+    *lead, m = shape
+    gen = torch.Generator().manual_seed(_block_seed(seed, index))
+    words = torch.empty(*lead, (m + 3) // 4, dtype=torch.int64).random_(-(2**63), None, generator=gen)
+    return words.view(torch.int16)[..., :m]
+
+
+def _threshold(p: float) -> int:
+    """An int16 draw below this is dropped: probability ``quantized_rate(p)``."""
+    return round(p * 65536) - 32768
+
+
+def block_keep(
+    seed: int, index: int, shape: tuple[int, ...], p: float, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Float mask of ``shape``, 1 = kept, 0 = dropped (rate ``quantized_rate(p)``), for block ``index``.
+
+    ``clamp(bits - (t - 1), 0, 1)`` is exactly ``bits >= t`` on integers, and several times faster
+    on CPU than a comparison followed by ``masked_fill``.
+    """
+    bits = _random_bits(seed, index, shape)
+    return bits.to(dtype).sub_(_threshold(p) - 1).clamp_(0.0, 1.0)
+
+
+def _spans(n: int, rows: int) -> list[tuple[int, int]]:
+    return [(s, min(n, s + rows)) for s in range(0, n, rows)]
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    """Blocks are visited as (sample b, query span); block index = b * spans + span number."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, p, seed, rows, scale):  # noqa: ANN001, ANN205
+        keep_scale = 1.0 / (1.0 - quantized_rate(p))
+        qs = (q * scale).contiguous()  # fold the score scale into q (N x d) instead of the scores
+        k = k.contiguous()
+        vs = (v * keep_scale).contiguous() if p > 0 else v.contiguous()  # fold 1/(1-p) into v
+        out = torch.zeros_like(qs)
+        spans = _spans(q.shape[-2], rows)
+        for b, n_real in enumerate(lengths):
+            kt, vb = k[b, :, :n_real].transpose(-1, -2), vs[b, :, :n_real]
+            for i, (s, e) in enumerate(spans):
+                probs = torch.softmax(torch.matmul(qs[b, :, s:e], kt), dim=-1)
+                if p > 0:
+                    probs.mul_(block_keep(seed, b * len(spans) + i, probs.shape, p, probs.dtype))
+                out[b, :, s:e] = torch.matmul(probs, vb)
+        ctx.save_for_backward(qs, k, vs, out)
+        ctx.lengths, ctx.p, ctx.seed, ctx.rows = lengths, p, seed, rows
+        ctx.scale, ctx.keep_scale = scale, keep_scale
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # noqa: ANN001, ANN205
+        qs, k, vs, out = ctx.saved_tensors
+        p = ctx.p
+        grad_out = grad_out.contiguous()
+        # rowsum(dP * P) equals rowsum(dO * O) (dropout included): no N x N reduction needed.
+        delta = (grad_out * out).sum(-1, keepdim=True)
+        dqs = torch.zeros_like(qs)
+        dk = torch.zeros_like(k)
+        dvs = torch.zeros_like(vs)
+        spans = _spans(qs.shape[-2], ctx.rows)
+        for b, n_real in enumerate(ctx.lengths):
+            kb, vb = k[b, :, :n_real], vs[b, :, :n_real]
+            kt, vt = kb.transpose(-1, -2), vb.transpose(-1, -2)
+            # Key-side gradients accumulate transposed, (heads, d, keys): a faster matmul layout.
+            dkt = qs.new_zeros(qs.shape[1], qs.shape[-1], n_real)
+            dvt = vs.new_zeros(vs.shape[1], vs.shape[-1], n_real)
+            for i, (s, e) in enumerate(spans):
+                qb, gb = qs[b, :, s:e], grad_out[b, :, s:e]
+                probs = torch.softmax(torch.matmul(qb, kt), dim=-1)
+                dkept = torch.matmul(gb, vt)  # gradient w.r.t. the kept (dropped-out) probabilities
+                if p > 0:
+                    keep = block_keep(ctx.seed, b * len(spans) + i, probs.shape, p, probs.dtype)
+                    dvt.baddbmm_(gb.transpose(-1, -2), probs * keep)
+                    dkept.mul_(keep)
+                else:
+                    dvt.baddbmm_(gb.transpose(-1, -2), probs)
+                dscores = dkept.sub_(delta[b, :, s:e]).mul_(probs)
+                dqs[b, :, s:e] = torch.matmul(dscores, kb)
+                dkt.baddbmm_(qb.transpose(-1, -2), dscores)
+            dk[b, :, :n_real] = dkt.transpose(-1, -2)
+            dvs[b, :, :n_real] = dvt.transpose(-1, -2)
+        dq = dqs.mul_(ctx.scale)
+        dv = dvs.mul_(ctx.keep_scale) if p > 0 else dvs
+        return dq, dk, dv, None, None, None, None, None
+
+
+def blockwise_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: list[int] | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
+    rows: int | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """``dropout(softmax(q k^T * scale)) v`` for q, k, v of shape (B, H, N, d), on CPU.
+
+    ``lengths[b]``: sample b's keys at positions >= lengths[b] are padding (excluded); default all
+    real. The dropout seed is drawn from torch's global generator unless given, so runs are
+    reproducible under ``torch.manual_seed``. ``scale`` defaults to 1/sqrt(d).
+    """
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    n_keys = k.shape[-2]
+    lengths = [n_keys] * q.shape[0] if lengths is None else [max(1, min(n_keys, int(n))) for n in lengths]
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+    rows = rows or block_rows(q.shape[1], n_keys)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale)
+
+
+def prefix_lengths(key_padding_mask: torch.Tensor) -> list[int] | None:
+    """Per-sample real lengths if every row of the mask pads a suffix (as the encoder's do), else None."""
+    n = key_padding_mask.shape[-1]
+    lengths = (~key_padding_mask).sum(1)
+    if not torch.equal(key_padding_mask, torch.arange(n, device=lengths.device)[None, :] >= lengths[:, None]):
+        return None
+    return lengths.tolist()

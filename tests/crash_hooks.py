@@ -1,0 +1,42 @@
+"""Test-only callbacks that simulate failures inside a real ``fit`` subprocess.
+
+Passed on the command line as ``--trainer.callbacks+=crash_hooks.KillAtStep`` with ``tests/`` on
+PYTHONPATH; the library never imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning.pytorch as pl
+import torch
+
+
+class KillAtStep(pl.Callback):
+    """SIGKILL the process during training step ``step + 1``: after the checkpoint of step ``step``
+    is on disk and after that step's forward/backward ran, before its optimizer update."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class PoisonAtStep(pl.Callback):
+    """At training step ``step + 1``, make the loss NaN (``target="loss"``: a NaN parameter) or
+    only one gradient Inf (``target="grad"``: the loss stays finite)."""
+
+    def __init__(self, step: int, target: str = "loss") -> None:
+        self.step, self.target = step, target
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        if trainer.global_step == self.step and self.target == "loss":
+            with torch.no_grad():
+                pl_module.net.head[0].weight[0, 0] = float("nan")
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step == self.step and self.target == "grad":
+            pl_module.net.head[-1].bias.grad[0] = float("inf")
