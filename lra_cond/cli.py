@@ -1,4 +1,4 @@
-"""Command line: ``python -m lra_cond {fit,validate,test,prepare} ...``.
+"""Command line: ``python -m lra_cond {fit,validate,test,prepare,compare,report} ...``.
 
 Trainer subcommands go through a LightningCLI subclass. ``--task T`` loads ``configs/defaults.yaml``
 and ``configs/T.yaml`` before any other argument (so later flags override them); ``--attention``
@@ -16,7 +16,7 @@ from lra_cond.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
-COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench")
+COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench", "compare", "report")
 SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
 # model.max_len is linked from data.max_len (one length for the data and the position table).
 ALIASES = {"--model.max_len": "--data.max_len"}
@@ -26,6 +26,8 @@ commands:
   fit | validate | test   train / evaluate (LightningCLI; add --help for all options)
   prepare                 build a task's prepared data cache
   bench                   time training steps at a shape (one JSON line)
+  compare                 fit several inits x seeds (reusing finished runs), then write a report
+  report RUNS_DIR         rebuild the comparison report from existing run folders
 
 example:
   python -m lra_cond fit --task listops --init conditioned
@@ -113,10 +115,11 @@ def run_lightning(argv: list[str]) -> None:
 
     from lra_cond.lightning_cli import LraCLI
 
-    args = expand_shortcuts(argv)
-    saved, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when both args and sys.argv are set
+    # LightningCLI parses sys.argv, set to the expanded arguments: DDP re-executes
+    # ``python -m lra_cond`` + sys.argv[1:] for the other ranks, which must parse the same way.
+    saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
     try:
-        LraCLI(args=args)
+        LraCLI()
     except ArgumentError as e:
         # jsonargparse's message spans lines (and would come after a full usage text): one line.
         message = " ".join(str(e).split())
@@ -137,6 +140,14 @@ def main(argv: list[str] | None = None) -> None:
             from lra_cond.bench import bench_main
 
             bench_main(argv[1:])
+        elif argv[0] == "compare":
+            from lra_cond.report.compare import compare_main
+
+            compare_main(argv[1:])
+        elif argv[0] == "report":
+            from lra_cond.report.build import report_main
+
+            report_main(argv[1:])
         elif argv[0] in TRAINER_COMMANDS:
             run_lightning(argv)
         else:

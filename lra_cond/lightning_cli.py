@@ -12,7 +12,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
-from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary
+from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
@@ -46,6 +46,7 @@ class LraCLI(LightningCLI):
                     ),
                     LearningRateMonitor(logging_interval="step"),
                     RunSummary(),
+                    TensorBoardSummary(),
                     RngState(),
                     FiniteGuard(),
                 ],

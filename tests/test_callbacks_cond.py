@@ -111,7 +111,7 @@ def test_epochs_to_target_records_first_crossing(tmp_path: Path) -> None:
     assert m["target_reached_acc"] == pytest.approx(0.6)
     assert m["epochs_to_target"] == pytest.approx(1.6)
     tags = scalars(run)
-    assert tags["target/steps_to_target"] == [(0, 16.0)]
+    assert tags["target/steps_to_target"] == [(16, 16.0)]  # logged at the step it was reached
     assert tags["target/epochs_to_target"][0][1] == pytest.approx(1.6)
 
 

@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
-from lra_cond.callbacks.metrics_file import update_metrics
+from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 from lra_cond.conditioning import jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
@@ -180,9 +180,9 @@ class ConditionNumberMonitor(pl.Callback):
         metrics["cond/seconds"] = entry["seconds"]
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=entry["step"])
-        if trainer.log_dir:
+        if run_dir_of(trainer):
             update_metrics(
-                trainer.log_dir,
+                run_dir_of(trainer),
                 cond_history=self.history,
                 cond_settings={
                     "method": self.method,

@@ -12,7 +12,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lra_cond.callbacks.metrics_file import read_metrics, update_metrics
+from lra_cond.callbacks.metrics_file import read_metrics, run_dir_of, update_metrics
 from lra_cond.errors import UserError
 
 
@@ -84,9 +84,9 @@ class EpochsToTarget(pl.Callback):
             self._write(trainer)
 
     def _write(self, trainer: pl.Trainer) -> None:
-        if trainer.is_global_zero and trainer.log_dir:
+        if trainer.is_global_zero and run_dir_of(trainer):
             update_metrics(
-                trainer.log_dir,
+                run_dir_of(trainer),
                 target_acc=self.target,
                 target_source=self.source,
                 target_metric=self.metric,
@@ -96,13 +96,14 @@ class EpochsToTarget(pl.Callback):
             )
 
     def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Scalars plus the TensorBoard hparams plugin's metric list (written once, when reached)."""
+        """Scalars at the step reached. (The hparams tab is written once, at fit end, by
+        TensorBoardSummary: a second hparams session in the same run would confuse the tab.)"""
         if trainer.is_global_zero:
             metrics = {"target/steps_to_target": float(self.step)}
             if self.epoch is not None:
                 metrics["target/epochs_to_target"] = self.epoch
             for logger in trainer.loggers:
-                logger.log_hyperparams(dict(pl_module.hparams), metrics=metrics)
+                logger.log_metrics(metrics, step=self.step)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from lra_cond.callbacks.metrics_file import update_metrics
+from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 from lra_cond.errors import UserError
 
 
@@ -71,8 +71,8 @@ class FiniteGuard(pl.Callback):
             where = "no checkpoint was written before it"
         else:
             where = f"last good checkpoint: {good[0]} (step {good[1]}), untouched"
-        if trainer.is_global_zero and trainer.log_dir:
-            update_metrics(trainer.log_dir, stopped=f"{what} at step {step}")
+        if trainer.is_global_zero and run_dir_of(trainer):
+            update_metrics(run_dir_of(trainer), stopped=f"{what} at step {step}")
         raise NonFiniteError(
             f"{what} at training step {step}; stopped before updating the weights; {where}. "
             "Lower --model.lr (or raise --model.warmup_steps) and start again"

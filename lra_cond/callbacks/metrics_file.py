@@ -10,6 +10,20 @@ from typing import Any
 METRICS_FILE = "metrics.json"
 
 
+def run_dir_of(trainer: Any) -> str | None:
+    """The run folder (``trainer.log_dir`` without its broadcast).
+
+    ``Trainer.log_dir`` is a collective under DDP: called on rank zero alone (as rank-zero writers
+    do) it waits forever for the other ranks. The logger's folder is the same on every rank.
+    """
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    if not trainer.loggers:
+        return trainer.default_root_dir
+    logger = trainer.loggers[0]
+    return logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
+
+
 def read_metrics(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / METRICS_FILE
     return json.loads(path.read_text()) if path.is_file() else {}

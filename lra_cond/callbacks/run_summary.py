@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lra_cond.callbacks.metrics_file import update_metrics
+from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 
 
 class RunSummary(pl.Callback):
@@ -34,16 +34,16 @@ class RunSummary(pl.Callback):
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         acc = trainer.callback_metrics.get("test/acc")
-        if acc is not None and trainer.is_global_zero and trainer.log_dir:
-            update_metrics(trainer.log_dir, test_acc=float(acc), test_ckpt=trainer.ckpt_path)
+        if acc is not None and trainer.is_global_zero and run_dir_of(trainer):
+            update_metrics(run_dir_of(trainer), test_acc=float(acc), test_ckpt=trainer.ckpt_path)
 
     def _write(self, trainer: pl.Trainer) -> None:
-        if not trainer.is_global_zero or not trainer.log_dir:
+        if not trainer.is_global_zero or not run_dir_of(trainer):
             return
         batches = trainer.num_training_batches
         epochs = trainer.global_step / batches if batches and batches != float("inf") else None
         update_metrics(
-            trainer.log_dir,
+            run_dir_of(trainer),
             best_val_acc=self.best_val_acc,
             best_val_step=self.best_val_step,
             val_history=self.val_history,

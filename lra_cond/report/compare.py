@@ -1,0 +1,146 @@
+"""``python -m lra_cond compare``: fit every (init, seed) in turn as a ``fit`` subprocess, reusing
+finished runs and resuming interrupted ones, then write the report; ``--plan`` prints the commands."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lra_cond.callbacks.metrics_file import read_metrics
+from lra_cond.errors import UserError
+from lra_cond.report.build import REPORT_DIR, write_report
+from lra_cond.report.collect import Run, config_differences, init_order, load_config
+
+# Set per run by compare itself; in the overrides they would silently break the comparison.
+RESERVED = ("--init", "--model.init", "--seed_everything", "--task", "--data.task", "--ckpt_path")
+
+
+def _names(text: str, what: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UserError(f"--{what} needs a comma-separated list, got '{text}'")
+    return list(dict.fromkeys(names))
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _names(text, "seeds")]
+    except ValueError:
+        raise UserError(f"--seeds must be integers separated by commas, got '{text}'") from None
+
+
+def fit_args(task: str, attention: str, init: str, seed: int, overrides: list[str]) -> list[str]:
+    head = ["fit", "--task", task, "--attention", attention, "--init", init]
+    return [*head, "--seed_everything", str(seed), *overrides]
+
+
+def resolved_config(args: list[str]) -> dict[str, Any]:
+    """The config a ``fit`` with these arguments would save as config.yaml (parsed, nothing built)."""
+    from lra_cond.cli import expand_shortcuts
+    from lra_cond.lightning_cli import LraCLI
+
+    class ConfigOnly(LraCLI):
+        def _set_seed(self) -> None:  # parsing only: leave the global RNG alone
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    expanded = expand_shortcuts(args)
+    saved, sys.argv = sys.argv, [sys.argv[0], *expanded]
+    try:
+        cli = ConfigOnly()
+        # The fit subparser dumps exactly like SaveConfigCallback writes config.yaml.
+        parser = cli._parser("fit")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = parser.dump(cli.config["fit"], skip_none=False)
+    finally:
+        sys.argv = saved
+    return yaml.safe_load(text)
+
+
+def compare_main(argv: list[str]) -> None:
+    from lra_cond.data.tasks import TASKS
+    from lra_cond.init import INITS
+    from lra_cond.models.attention import ATTENTIONS
+
+    p = argparse.ArgumentParser(
+        prog="python -m lra_cond compare",
+        description="Fit each init x seed (reusing finished runs, resuming interrupted ones), then write "
+        "RUN_ROOT/<task>/<attention>/compare/report.md. Other arguments are passed to every fit.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
+    p.add_argument("--attention", default="softmax", help=f"one of: {', '.join(ATTENTIONS.names())}")
+    p.add_argument("--inits", default="default,conditioned", help="comma-separated init schemes")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument("--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>")
+    p.add_argument("--plan", action="store_true", help="print one fit command per line; run nothing")
+    args, overrides = p.parse_known_args(argv)
+
+    TASKS.get(args.task)
+    ATTENTIONS.get(args.attention)
+    inits = _names(args.inits, "inits")
+    for name in inits:
+        INITS.get(name)  # unknown names fail here, before any run
+    seeds = _seeds(args.seeds)
+    for o in overrides:
+        if o.split("=", 1)[0] in RESERVED:
+            raise UserError(f"{o.split('=', 1)[0]} is set by compare itself; use --inits/--seeds/--task")
+    overrides = [*overrides, "--run_root", args.run_root]
+    jobs = [(init, seed) for init in inits for seed in seeds]
+
+    if args.plan:
+        for init, seed in jobs:
+            cmd = fit_args(args.task, args.attention, init, seed, overrides)
+            print(shlex.join(["python", "-m", "lra_cond", *cmd]))
+        return
+
+    runs_dir = Path(args.run_root) / args.task / args.attention
+    reference = resolved_config(fit_args(args.task, args.attention, inits[0], seeds[0], overrides))
+    # Decide every job first, so a conflicting folder stops compare before any training.
+    plan = []
+    for init, seed in jobs:
+        run_dir = runs_dir / init / f"seed{seed}"
+        last = run_dir / "checkpoints" / "last.ckpt"
+        finished = read_metrics(run_dir).get("test_acc") is not None
+        if finished or last.is_file():
+            diff = config_differences(reference, load_config(run_dir))
+            if diff:
+                raise UserError(
+                    f"{run_dir} was run with a different config ({', '.join(diff)}); move it away or "
+                    "use another --run_root"
+                )
+        plan.append((init, seed, run_dir, "reuse" if finished else "resume" if last.is_file() else "fit"))
+
+    for i, (init, seed, run_dir, action) in enumerate(plan, 1):
+        head = f"[{i}/{len(plan)}] {init} seed {seed}"
+        if action == "reuse":
+            print(f"{head}: reusing finished run {run_dir}", flush=True)
+            continue
+        cmd = fit_args(args.task, args.attention, init, seed, overrides)
+        if action == "resume":
+            cmd += ["--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]
+        print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {run_dir}", flush=True)
+        rc = subprocess.run([sys.executable, "-m", "lra_cond", *cmd]).returncode
+        if rc != 0:
+            raise UserError(
+                f"fit of {init} seed {seed} failed (exit {rc}, output above); rerun compare to resume"
+            )
+
+    runs = [Run(init, seed, d, read_metrics(d), load_config(d)) for init, seed, d, _ in plan]
+    order = init_order(inits)
+    runs.sort(key=lambda r: (order.index(r.init), r.seed))
+    report = write_report(runs, runs_dir / REPORT_DIR, f"{args.task}/{args.attention}")
+    print(f"report written to {report}")

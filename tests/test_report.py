@@ -1,0 +1,190 @@
+"""``report`` on hand-written run folders: table numbers against an independent computation, plots
+that decode and are not blank, warnings for one seed and for differing configs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from lra_cond.cli import main
+
+STEPS, EPOCHS = 300, 1.5  # 200 batches per epoch
+# init -> seed -> validation history [[step, acc], ...]; best val acc is the history's max.
+HISTORIES = {
+    "default": {
+        0: [[100, 0.30], [200, 0.50], [300, 0.45]],  # best 0.50: never reaches the target 0.60
+        1: [[100, 0.40], [200, 0.60], [300, 0.55]],  # best 0.60: reaches at 200
+        2: [[100, 0.62], [200, 0.70], [300, 0.70]],  # best 0.70: reaches at 100
+    },
+    "conditioned": {
+        0: [[100, 0.65], [200, 0.64], [300, 0.63]],
+        1: [[100, 0.50], [200, 0.66], [300, 0.66]],
+        2: [[100, 0.61], [200, 0.70], [300, 0.69]],
+    },
+}
+TEST_ACC = {"default": [0.48, 0.58, 0.69], "conditioned": [0.63, 0.64, 0.71]}
+KAPPA = {"default": (1.0e4, 3.0e4), "conditioned": (10.0, 50.0)}  # (step 0, end), times (1 + seed)
+
+
+def base_config(init: str, seed: int) -> dict:
+    return {
+        "seed_everything": seed,
+        "trainer": {"max_steps": STEPS, "val_check_interval": 100, "logger": None},
+        "model": {"attention": "softmax", "init": init, "init_args": None, "lr": 1e-4, "dim": 64},
+        "data": {"task": "listops", "batch_size": 32},
+        "run_root": "runs",
+        "ckpt_path": None,
+    }
+
+
+def cond_entry(step: int, kappa: float, seed: int) -> dict:
+    weights = {b: {"stacked": 2.0 + seed + i, "heads": [1.0, 1.0]} for i, b in enumerate("qkv")}
+    layer = {"kappa": kappa, "n_null": 8, "kappa_blocks": {"q": 1.0, "k": 1.0, "v": 1.0}, "weights": weights}
+    return {"step": step, "epoch": step / 200, "kappa_mean": kappa, "layers": [layer, layer], "seconds": 0.1}
+
+
+def write_run(root: Path, init: str, seed: int, history: list, test_acc: float | None, config: dict) -> None:
+    run = root / init / f"seed{seed}"
+    run.mkdir(parents=True)
+    k0, k1 = KAPPA.get(init, (None, None))
+    metrics = {
+        "best_val_acc": max(a for _, a in history),
+        "val_history": history,
+        "test_acc": test_acc,
+        "total_steps": STEPS,
+        "total_epochs": EPOCHS,
+    }
+    if k0 is not None:
+        metrics["cond_history"] = [
+            cond_entry(0, k0 * (1 + seed), seed),
+            cond_entry(STEPS, k1 * (1 + seed), seed),
+        ]
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def table_rows(report: str) -> dict[str, list[str]]:
+    lines = [ln for ln in report.splitlines() if ln.startswith("| ") and not ln.startswith("| init")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    return {c[0]: c for c in cells}
+
+
+def pm(values: list[float], spec: str, scale: float = 1.0) -> str:
+    return (
+        f"{format(statistics.mean(values) * scale, spec)} ± {format(statistics.stdev(values) * scale, spec)}"
+    )
+
+
+@pytest.fixture()
+def synthetic(tmp_path: Path) -> Path:
+    root = tmp_path / "runs" / "listops" / "softmax"
+    for init, seeds in HISTORIES.items():
+        for seed, history in seeds.items():
+            write_run(root, init, seed, history, TEST_ACC[init][seed], base_config(init, seed))
+    return root
+
+
+def test_report_numbers_and_plots(synthetic: Path, capsys: pytest.CaptureFixture) -> None:
+    main(["report", str(synthetic)])
+    assert "report written" in capsys.readouterr().out
+    out = synthetic / "compare"
+    report = (out / "report.md").read_text()
+    rows = table_rows(report)
+    assert list(rows) == ["default", "conditioned"]
+
+    # Independent computation of every number in the table.
+    best = {i: [max(a for _, a in h) for h in s.values()] for i, s in HISTORIES.items()}
+    target = statistics.mean(best["default"])
+    assert target == pytest.approx(0.60)
+    assert f"Target accuracy: {100 * target:.2f}%" in report
+    reached = {}
+    for init, seeds in HISTORIES.items():
+        reached[init] = []
+        for history in seeds.values():
+            hits = [s for s, a in history if a >= target - 1e-12]
+            if hits:
+                reached[init].append(min(hits))
+    assert reached == {"default": [200, 100], "conditioned": [100, 200, 100]}
+    for init in HISTORIES:
+        row = rows[init]
+        assert row[1] == "0,1,2"
+        assert row[2] == pm(best[init], ".2f", 100)
+        assert row[3] == pm(TEST_ACC[init], ".2f", 100)
+        assert row[4] == pm(reached[init], ".0f")
+        assert row[5] == pm([s / (STEPS / EPOCHS) for s in reached[init]], ".3g")
+        assert row[6] == f"{len(reached[init])}/3"
+        k0, k1 = KAPPA[init]
+        assert row[8] == pm([k0 * (1 + s) for s in range(3)], ".3g")
+        assert row[9] == pm([k1 * (1 + s) for s in range(3)], ".3g")
+    assert rows["default"][7] == "(baseline)"
+    expected = 100 * (1 - statistics.mean(reached["conditioned"]) / statistics.mean(reached["default"]))
+    speed = rows["conditioned"][7]
+    assert speed.startswith(f"{expected:+.1f}% [")
+    low, high = (float(x) for x in speed.split("[")[1].rstrip("]").split(","))
+    # Resampled means lie between the samples' extremes, so the interval lies within these bounds.
+    a, b = reached["conditioned"], reached["default"]
+    assert 100 * (1 - max(a) / min(b)) - 0.05 <= low <= expected <= high <= 100 * (1 - min(a) / max(b)) + 0.05
+    assert low < high
+    assert "ddof=1" in report and "bootstrap" in report
+    assert "warning" not in report.lower()  # init/seed/bookkeeping differences are not warnings
+
+    for name in ("val_acc", "kappa", "weights_kappa"):
+        path = out / f"{name}.png"
+        assert f"]({name}.png)" in report
+        with Image.open(path) as img:
+            pixels = np.asarray(img.convert("L"), dtype=np.float64)
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 300
+        # Not blank: a real share of non-white pixels (axes, lines, bands).
+        assert (pixels < 250).mean() > 0.02
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target_acc"] == pytest.approx(target)
+    cond = next(r for r in summary["rows"] if r["init"] == "conditioned")
+    assert cond["speedup"]["percent"] == pytest.approx(expected)
+
+
+def test_speedup_interval_collapses_without_spread(tmp_path: Path) -> None:
+    """Identical steps over seeds: the bootstrap interval is the point itself."""
+    root = tmp_path / "r"
+    for seed in range(2):
+        write_run(root, "default", seed, [[100, 0.5], [400, 0.6]], 0.6, base_config("default", seed))
+        write_run(root, "conditioned", seed, [[100, 0.5], [200, 0.6]], 0.6, base_config("conditioned", seed))
+    main(["report", str(root)])
+    row = table_rows((root / "compare" / "report.md").read_text())["conditioned"]
+    assert row[4] == "200 ± 0"
+    assert row[7] == "+50.0% [+50.0, +50.0]"
+
+
+def test_warnings_one_seed_and_config_difference(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    write_run(root, "default", 0, [[100, 0.5]], 0.5, base_config("default", 0))
+    other = base_config("mimetic", 0)
+    other["model"]["lr"] = 3e-4
+    other["trainer"]["max_steps"] = 600
+    write_run(root, "mimetic", 0, [[100, 0.55]], None, other)
+    main(["report", str(root)])
+    report = (root / "compare" / "report.md").read_text()
+    warnings = [ln for ln in report.splitlines() if ln.startswith("- **warning:**")]
+    assert any("`default` has 1 seed" in w for w in warnings)
+    assert any("`mimetic` has 1 seed" in w for w in warnings)
+    diff = [w for w in warnings if "differs" in w]
+    assert len(diff) == 1 and "model.lr, trainer.max_steps" in diff[0] and "mimetic/seed0" in diff[0]
+    assert any("mimetic/seed0` has no test accuracy" in w for w in warnings)
+    rows = table_rows(report)
+    assert rows["default"][2] == "50.00 ± n/a"
+    assert rows["mimetic"][8] == "n/a" and rows["mimetic"][9] == "n/a"  # no cond_history
+    assert rows["mimetic"][7] == "+0.0% [n/a]"  # one reaching seed per side: no interval
+
+
+def test_report_missing_folder_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path / "nope")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no such runs folder")
