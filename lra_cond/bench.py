@@ -233,7 +233,9 @@ def monitor_cost(model: torch.nn.Module, batch: dict[str, torch.Tensor], step_s:
         return None, f"{MONITOR_CLASS}() failed: {e}"
     cadences = [getattr(monitor, a) for a in CADENCE_ATTRS if isinstance(getattr(monitor, a, None), int)]
     probes = [getattr(monitor, m) for m in PROBE_METHODS if callable(getattr(monitor, m, None))]
-    if not cadences or cadences[0] <= 0 or not probes:
+    if cadences and cadences[0] == 0:
+        return 0.0, f"{MONITOR_CLASS} is off by default (cadence 0): no probe cost in a default fit"
+    if not cadences or cadences[0] < 0 or not probes:
         return None, f"{MONITOR_CLASS} lacks a cadence {CADENCE_ATTRS} or a probe method {PROBE_METHODS}"
     cadence, probe = cadences[0], probes[0]
     start = time.perf_counter()

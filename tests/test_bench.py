@@ -96,3 +96,6 @@ def test_monitor_cost_uses_probe_and_cadence(monkeypatch):
     fraction, note = bench.monitor_cost(model, batch, 0.5)
     assert calls == [(model, batch)]
     assert fraction >= 0 and "every 50 steps" in note
+    FakeMonitor.every_n_steps = 0  # a monitor that is off costs nothing and is not probed
+    assert bench.monitor_cost(model, batch, 0.5)[0] == 0.0
+    assert calls == [(model, batch)]
