@@ -15,8 +15,8 @@ from torch import nn
 
 from lra_cond.init.conditioned import condition_layer, per_head_semi_orthogonal_, rectangular_identity_
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import attention_modules
 from lra_cond.init.registry import INITS
+from lra_cond.models.attention.base import attention_layers
 
 
 @INITS.register("conditioned-qk")
@@ -24,7 +24,7 @@ from lra_cond.init.registry import INITS
 def conditioned_qk_init(model: nn.Module) -> None:
     """Only the Q/K half of conditioned: per-head semi-orthogonal W_Q, W_K."""
     reset_defaults(model)
-    for _, layer in attention_modules(model):
+    for _, layer in attention_layers(model):
         condition_layer(layer, qk=True, v=False)
 
 
@@ -33,7 +33,7 @@ def conditioned_qk_init(model: nn.Module) -> None:
 def conditioned_v_init(model: nn.Module, v_scale: float = 1.0) -> None:
     """Only the V half of conditioned: W_V = v_scale * rectangular identity."""
     reset_defaults(model)
-    for _, layer in attention_modules(model):
+    for _, layer in attention_layers(model):
         condition_layer(layer, v_scale, qk=False, v=True)
 
 
@@ -42,7 +42,7 @@ def conditioned_v_init(model: nn.Module, v_scale: float = 1.0) -> None:
 def identity_all_init(model: nn.Module, v_scale: float = 1.0) -> None:
     """W_Q = W_K = rectangular identity, W_V = v_scale * rectangular identity."""
     reset_defaults(model)
-    for _, layer in attention_modules(model):
+    for _, layer in attention_layers(model):
         rectangular_identity_(layer.q_proj.weight)
         rectangular_identity_(layer.k_proj.weight)
         rectangular_identity_(layer.v_proj.weight, v_scale)
@@ -53,6 +53,6 @@ def identity_all_init(model: nn.Module, v_scale: float = 1.0) -> None:
 def orthogonal_all_init(model: nn.Module) -> None:
     """W_Q, W_K, W_V each per-head semi-orthogonal, independently drawn."""
     reset_defaults(model)
-    for _, layer in attention_modules(model):
+    for _, layer in attention_layers(model):
         for proj in (layer.q_proj, layer.k_proj, layer.v_proj):
             per_head_semi_orthogonal_(proj.weight, layer.num_heads, layer.head_dim)

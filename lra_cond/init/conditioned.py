@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import attention_modules, haar_semi_orthogonal
+from lra_cond.init.layers import haar_semi_orthogonal
 from lra_cond.init.registry import INITS
-from lra_cond.models.attention.base import Attention
+from lra_cond.models.attention.base import Attention, attention_layers
 
 
 def semi_orthogonal_(weight: torch.Tensor) -> torch.Tensor:
@@ -57,5 +57,5 @@ def conditioned_init(model: nn.Module, v_scale: float = 1.0) -> None:
     ``v_scale`` is the paper's lambda (default 1); large values destabilise training (Remark A.1).
     """
     reset_defaults(model)
-    for _, layer in attention_modules(model):
+    for _, layer in attention_layers(model):
         condition_layer(layer, v_scale)

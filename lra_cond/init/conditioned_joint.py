@@ -22,8 +22,9 @@ from torch import nn
 
 from lra_cond.init.conditioned import rectangular_identity_
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import attention_modules, haar_semi_orthogonal
+from lra_cond.init.layers import haar_semi_orthogonal
 from lra_cond.init.registry import INITS
+from lra_cond.models.attention.base import attention_layers
 
 
 def joint_semi_orthogonal(
@@ -42,7 +43,7 @@ def joint_semi_orthogonal(
 def conditioned_joint_init(model: nn.Module, v_scale: float = 1.0) -> None:
     """Stacked W_Q and W_K each one orthogonal draw (kappa = 1), W_V = v_scale * identity."""
     reset_defaults(model)
-    for _, layer in attention_modules(model):
+    for _, layer in attention_layers(model):
         for proj in (layer.q_proj, layer.k_proj):
             w = proj.weight
             w.copy_(joint_semi_orthogonal(w.shape[0], w.shape[1], layer.head_dim, w.device))

@@ -9,16 +9,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lra_cond.models.attention.base import Attention, attention_layers
-
-
-def attention_modules(model: nn.Module) -> list[tuple[str, Attention]]:
-    """The attention layers a scheme acts on: those inside ``model``, or ``model`` itself."""
-    found = attention_layers(model)
-    if not found and isinstance(model, Attention):
-        found = [("", model)]
-    return found
-
 
 def haar_semi_orthogonal(rows: int, cols: int, device: torch.device | None = None) -> torch.Tensor:
     """A Haar-random float64 (rows, cols) matrix: orthonormal rows if rows <= cols, else columns."""

@@ -39,9 +39,9 @@ from torch import nn
 
 from lra_cond.errors import UserError
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import attention_modules, low_rank_factors
+from lra_cond.init.layers import low_rank_factors
 from lra_cond.init.registry import INITS
-from lra_cond.models.attention.base import Attention
+from lra_cond.models.attention.base import Attention, attention_layers
 
 
 @dataclass
@@ -99,5 +99,5 @@ def mimetic_init(
     reset_defaults(model)
     return [
         mimetic_layer_(layer, alpha1, beta1, alpha2, beta2, int(vo_sign))
-        for _, layer in attention_modules(model)
+        for _, layer in attention_layers(model)
     ]

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from lra_cond.errors import UserError
-from lra_cond.init.layers import attention_modules
 from lra_cond.init.registry import INITS
+from lra_cond.models.attention.base import attention_layers
 
 PREFIX = "net."  # LraModel keeps the Classifier under ``net``
 
@@ -79,7 +79,7 @@ def load_teacher(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, A
 def _head_axes(model: nn.Module) -> dict[str, tuple[int, int, int]]:
     """Student tensor name -> (head-structured axis, student heads, student head_dim)."""
     axes: dict[str, tuple[int, int, int]] = {}
-    for name, layer in attention_modules(model):
+    for name, layer in attention_layers(model):
         pre = f"{name}." if name else ""
         info = (layer.num_heads, layer.head_dim)
         for proj in ("q_proj", "k_proj", "v_proj"):

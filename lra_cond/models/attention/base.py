@@ -78,14 +78,15 @@ class Attention(nn.Module):
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:
-    """All attention layers of a model, in order, with their qualified names."""
+    """All attention layers of a model, in order, with their qualified names (a layer itself gives
+    ``[("", layer)]``: ``named_modules`` starts with the module)."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, Attention)]
 
 
 @contextmanager
 def explicit_math(model: nn.Module):
     """Route every attention layer in ``model`` through its explicit math path."""
-    layers = [m for _, m in attention_layers(model)] or ([model] if isinstance(model, Attention) else [])
+    layers = [m for _, m in attention_layers(model)]
     saved = [m.explicit for m in layers]
     for m in layers:
         m.explicit = True
