@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import resource
@@ -25,11 +24,6 @@ import torch.nn.functional as F
 
 from lra_cond.errors import UserError
 
-MONITOR_MODULE = "lra_cond.callbacks"
-MONITOR_CLASS = "ConditionNumberMonitor"
-# Cadence attribute and probe method looked up on the monitor, first match wins.
-CADENCE_ATTRS = ("every_n_steps", "every_n_train_steps", "cadence", "interval")
-PROBE_METHODS = ("probe", "measure")
 EXAMPLE_ARGS = '{"num_landmarks": 64}'
 
 
@@ -217,31 +211,26 @@ def loader_rate(args: argparse.Namespace, seconds: float = 3.0, max_batches: int
 
 
 def monitor_cost(model: torch.nn.Module, batch: dict[str, torch.Tensor], step_s: float) -> tuple[Any, str]:
-    """Condition-monitor probe time / (cadence x step time), or (None, reason).
+    """One probe of a default ``ConditionNumberMonitor`` (its probe taken from ``batch`` as in ``fit``),
+    as a fraction of the training time between two probes: probe_s / (every_n_steps x step_s)."""
+    from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
+    from lra_cond.callbacks.layer_inputs import take_probe
 
-    Protocol looked up generically: ``lra_cond.callbacks.ConditionNumberMonitor()`` constructible with
-    defaults, a cadence attribute (``every_n_steps`` or similar, in training steps) and a
-    ``probe(model, batch)`` method performing one measurement.
-    """
-    try:
-        cls = getattr(importlib.import_module(MONITOR_MODULE), MONITOR_CLASS)
-    except (ImportError, AttributeError):
-        return None, "condition monitor not available"
-    try:
-        monitor = cls()
-    except Exception as e:  # a constructor needing arguments does not fit the protocol
-        return None, f"{MONITOR_CLASS}() failed: {e}"
-    cadences = [getattr(monitor, a) for a in CADENCE_ATTRS if isinstance(getattr(monitor, a, None), int)]
-    probes = [getattr(monitor, m) for m in PROBE_METHODS if callable(getattr(monitor, m, None))]
-    if cadences and cadences[0] == 0:
-        return 0.0, f"{MONITOR_CLASS} is off by default (cadence 0): no probe cost in a default fit"
-    if not cadences or cadences[0] < 0 or not probes:
-        return None, f"{MONITOR_CLASS} lacks a cadence {CADENCE_ATTRS} or a probe method {PROBE_METHODS}"
-    cadence, probe = cadences[0], probes[0]
+    monitor = ConditionNumberMonitor()
+    if not monitor.enabled:
+        return 0.0, "the condition monitor is off by default: no probe cost in a default fit"
+    probe = take_probe([{k: v.cpu() for k, v in batch.items()}], monitor.probe_tokens)
     start = time.perf_counter()
-    probe(model, batch)
+    results = monitor.probe_model(model, probe)
     probe_s = time.perf_counter() - start
-    return round(probe_s / (cadence * step_s), 5), f"probe {probe_s:.3f} s every {cadence} steps"
+    unmeasured = [r.reason for r in results if r.reason]
+    note = (
+        f"probe {probe_s:.1f} s every {monitor.every_n_steps} steps "
+        f"({monitor.method}, {monitor.probe_tokens} tokens, {len(results)} layers)"
+    )
+    if unmeasured:
+        note += f"; {unmeasured[0]}"
+    return round(probe_s / (monitor.every_n_steps * step_s), 5), note
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -281,7 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     median = statistics.median(times)
     loader, loader_note = loader_rate(args)
     model.eval()
-    cond, cond_note = monitor_cost(model, {k: v[:1] for k, v in batches[0].items()}, median)
+    cond, cond_note = monitor_cost(model, batches[0], median)
     tokens = args.batch_size * args.seq_len
     return {
         "attention": args.attention,

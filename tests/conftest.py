@@ -83,7 +83,7 @@ def tiny_listops(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Few steps, validation twice, logging every other step: a CLI smoke run of a few seconds.
-TINY_FIT = [
+TINY_TRAINING = [
     *("--data.preset", "tiny"),
     *("--trainer.max_steps", "8"),
     *("--trainer.val_check_interval", "4"),
@@ -92,3 +92,6 @@ TINY_FIT = [
     *("--trainer.enable_model_summary", "false"),
     *("--model.warmup_steps", "2"),
 ]
+# The condition monitor is on by default (two probes even in a short run, ~1 min at dim 64); smoke
+# tests of other features skip it. test_callbacks_cond covers the default (TINY_TRAINING alone).
+TINY_FIT = [*TINY_TRAINING, "--cond.every_n_steps", "0"]

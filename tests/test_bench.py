@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -78,24 +79,30 @@ def test_unknown_attention_is_one_line_error(tmp_path):
     assert "softmax" in proc.stderr  # the valid names are listed
 
 
-def test_monitor_cost_uses_probe_and_cadence(monkeypatch):
+def test_monitor_cost_times_the_default_monitor(monkeypatch):
+    """bench times one real probe of a default ConditionNumberMonitor, taken from its batch as fit
+    takes it, over the default cadence's worth of steps; a monitor that is off costs nothing."""
+    from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
+    from lra_cond.models.module import LraModel
+
     calls = []
+    real_probe = ConditionNumberMonitor.probe_model
 
-    class FakeMonitor:
-        every_n_steps = 50
+    def spy(self, model, probe):  # noqa: ANN001, ANN202
+        start = time.perf_counter()
+        results = real_probe(self, model, probe)
+        calls.append((self, int(probe["length"].sum()), results, time.perf_counter() - start))
+        return results
 
-        def probe(self, model, batch):  # noqa: ANN001, ANN201
-            calls.append((model, batch))
-
-    import lra_cond.callbacks as callbacks
-
-    model, batch = torch.nn.Linear(2, 2), {"input_ids": torch.zeros(1, 3)}
-    monkeypatch.delattr(callbacks, "ConditionNumberMonitor", raising=False)
-    assert bench.monitor_cost(model, batch, 0.5) == (None, "condition monitor not available")
-    monkeypatch.setattr(callbacks, "ConditionNumberMonitor", FakeMonitor, raising=False)
-    fraction, note = bench.monitor_cost(model, batch, 0.5)
-    assert calls == [(model, batch)]
-    assert fraction >= 0 and "every 50 steps" in note
-    FakeMonitor.every_n_steps = 0  # a monitor that is off costs nothing and is not probed
-    assert bench.monitor_cost(model, batch, 0.5)[0] == 0.0
-    assert calls == [(model, batch)]
+    monkeypatch.setattr(ConditionNumberMonitor, "probe_model", spy)
+    torch.manual_seed(0)
+    model = LraModel(task="listops", dim=16, mlp_dim=32, max_len=300)
+    batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([200, 150, 300])}
+    fraction, note = bench.monitor_cost(model, batch, 0.01)
+    [(monitor, tokens, results, seconds)] = calls
+    assert tokens == 350 and monitor.probe_tokens == 256  # whole examples (each cropped) up to >= 256
+    assert len(results) == 2 and all(r.kappa is not None and r.kappa > 1 for r in results)
+    assert fraction == pytest.approx(seconds / (monitor.every_n_steps * 0.01), rel=0.05, abs=1e-5)
+    assert f"every {monitor.every_n_steps} steps" in note and "qr" in note
+    monkeypatch.setattr(ConditionNumberMonitor, "enabled", property(lambda self: False))
+    assert bench.monitor_cost(model, batch, 0.01)[0] == 0.0 and len(calls) == 1

@@ -9,13 +9,14 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import TINY_FIT, run_cli
+from conftest import TINY_FIT, TINY_TRAINING, run_cli
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lra_cond.callbacks import EpochsToTarget, update_metrics
+from lra_cond.callbacks.condition_monitor import DEFAULT_EVERY_N_STEPS
 from lra_cond.errors import UserError
 
 
@@ -54,13 +55,30 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
 
 
 def test_monitor_settings_are_in_the_config(tmp_path: Path) -> None:
-    """Off by default until its cost fits the budget (see ConditionNumberMonitor); one flag enables it."""
+    """On by default at the documented cadence, with the exact fast method; flags change it."""
     proc = run_cli(["fit", "--task", "listops", "--print_config"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "cond:\n  every_n_steps: 0\n  method: dense" in proc.stdout
-    proc = run_cli(["fit", "--task", "listops", "--cond.every_n_steps", "1000", "--print_config"], tmp_path)
-    assert "cond:\n  every_n_steps: 1000\n  method: dense" in proc.stdout
+    default = f"cond:\n  every_n_steps: {DEFAULT_EVERY_N_STEPS}\n  method: qr\n  probe_tokens: 256"
+    assert default in proc.stdout
+    assert DEFAULT_EVERY_N_STEPS > 0
+    proc = run_cli(["fit", "--task", "listops", "--cond.every_n_steps", "0", "--print_config"], tmp_path)
+    assert "cond:\n  every_n_steps: 0\n  method: qr" in proc.stdout
     assert "target:\n  acc: null" in proc.stdout
+
+
+def test_default_fit_measures_at_start_and_end(tiny_listops: Path, tmp_path: Path) -> None:
+    """No cond flags at all: the default monitor measures before the first update and at the end."""
+    shutil.copytree(tiny_listops, tmp_path / "data")
+    args = ["fit", "--task", "listops", *TINY_TRAINING, "--model.dim", "16", "--model.mlp_dim", "32"]
+    assert not any(a.startswith("--cond") for a in args)
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs/listops/softmax/default/seed0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert [h["step"] for h in metrics["cond_history"]] == [0, 8]
+    assert metrics["cond_settings"]["method"] == "qr"
+    assert all(layer["kappa"] > 1 for h in metrics["cond_history"] for layer in h["layers"])
+    assert [s for s, _ in scalars(run)["cond/kappa/mean"]] == [0, 8]
 
 
 class Scripted(pl.LightningModule):

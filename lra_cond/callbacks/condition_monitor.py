@@ -19,38 +19,40 @@ from rich.console import Console
 
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
 from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
-from lra_cond.conditioning import jacobian_condition
+from lra_cond.conditioning import JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
+
+# Sized on the measured probe cost (see the class docstring and README).
+DEFAULT_EVERY_N_STEPS = 1000
 
 
 class ConditionNumberMonitor(pl.Callback):
     """Condition number of each attention layer's Jacobian d A / d (W_Q, W_K, W_V) during ``fit``.
 
-    Defaults (dense, 256 probe tokens, every 1000 steps) were sized on CPU at the ListOps reference
-    shape (dim 64, 2 layers, 2 heads, batch 32, seq ~2000): one probe costs roughly 20-30 training
-    steps there, so 6 probes over 5000 steps stay under ~5% of training time. At that size Lanczos
-    (matrix-free) needs thousands of iterations for sigma_min, so dense is both exact and cheaper;
-    kappa depends on the probe size (J is 8192 x 6144 per head at 256 tokens), so compare runs only
-    at equal ``probe_tokens``.
+    On by default. One probe at the ListOps reference shape (dim 64, 2 layers, 2 heads x 32, 256 probe
+    tokens, per-block values included) takes about a minute on a 2-core CPU with the default ``qr``
+    method (exact to ~1e-8; ``dense`` svdvals would take ~8 min); DEFAULT_EVERY_N_STEPS keeps it
+    within 5% of training time there (README, "Condition number", has the measurement). kappa
+    depends on the probe size (J is 8192 x 6144 per head at 256 tokens), so compare runs only at
+    equal ``probe_tokens``.
+    A short run still pays the probes at step 0 and at the end: ``--cond.every_n_steps 0`` disables.
 
     Args:
         every_n_steps: measure at step 0 and every this many optimizer steps (and at the end of
             training); 0 disables the monitor.
-        method: ``dense`` (exact; per-head Jacobian blocks) or ``matrix-free`` (Lanczos on J^T J).
+        method: ``qr`` (exact extremes: deflated QR + Lanczos), ``dense`` (full svdvals; the
+            reference, slow) or ``matrix-free`` (Lanczos on J^T J; J never formed).
         probe_tokens: the probe is the first validation examples, each cropped to this many tokens,
             until they hold at least this many real tokens (it must reach 3 * dim for a full-rank J).
-        per_block: also measure the Q, K and V blocks alone (4 solves per layer instead of 1).
+        per_block: also measure the Q, K and V blocks alone.
         rtol: singular values below rtol * sigma_max count as null.
     """
 
     def __init__(
         self,
-        # Off by default for now: a dense probe at the ListOps reference shape (dim 64, 256 tokens)
-        # takes minutes per layer on a 2-core CPU, over the 5%-of-training budget. Enable with
-        # --cond.every_n_steps N (e.g. 1000).
-        every_n_steps: int = 0,
-        method: str = "dense",
+        every_n_steps: int = DEFAULT_EVERY_N_STEPS,
+        method: str = "qr",
         probe_tokens: int = 256,
         per_block: bool = True,
         rtol: float = DEFAULT_RTOL,
@@ -116,22 +118,26 @@ class ConditionNumberMonitor(pl.Callback):
         was_training = pl_module.training
         start = time.perf_counter()
         try:
-            probe = self._probe_batch(trainer, batch)
-            model = float64_copy(pl_module)
-            probe = {k: v.to(pl_module.device) for k, v in probe.items()}
-            layers = capture_layer_inputs(model, probe)
-            results = [
-                jacobian_condition(
-                    layer, x, mask, method=self.method, per_block=self.per_block, rtol=self.rtol
-                )
-                for layer, x, mask in layers
-            ]
+            results = self.probe_model(pl_module, self._probe_batch(trainer, batch))
         finally:
             pl_module.train(was_training)
         entry = self._entry(trainer, results, time.perf_counter() - start)
         self.history.append(entry)
         self._log(trainer, entry)
         return entry
+
+    @torch.inference_mode(False)
+    @torch.enable_grad()
+    def probe_model(self, model: torch.nn.Module, probe: dict[str, torch.Tensor]) -> list[JacobianCondition]:
+        """Measure every attention layer of ``model`` on ``probe`` (a batch dict) with this monitor's
+        settings; ``model`` is copied to float64 and never touched. Also what ``bench`` times."""
+        copy64 = float64_copy(model)
+        device = next(model.parameters()).device
+        layers = capture_layer_inputs(copy64, {k: v.to(device) for k, v in probe.items()})
+        return [
+            jacobian_condition(layer, x, mask, method=self.method, per_block=self.per_block, rtol=self.rtol)
+            for layer, x, mask in layers
+        ]
 
     def _entry(self, trainer: pl.Trainer, results: list, seconds: float) -> dict[str, Any]:
         batches = trainer.num_training_batches

@@ -37,9 +37,10 @@ def lanczos_extremes(
     max_iter: int = 1000,
     check_every: int = 10,
     seed: int = 0,
+    largest_only: bool = False,
 ) -> LanczosResult:
     """Lanczos on ``project . op . project`` until the largest Ritz value and the smallest one above
-    ``floor`` both have residual <= ``tol`` times their value.
+    ``floor`` both have residual <= ``tol`` times their value (only the largest if ``largest_only``).
 
     ``floor`` lets undeflated (unknown) null directions be skipped: Ritz values <= floor are treated
     as null. The eigenvalue error is bounded by the residual, so tol=1e-3 gives eigenvalues within
@@ -64,7 +65,7 @@ def lanczos_extremes(
         last = k + 1 == max_iter
         exhausted = beta <= 1e-12 * max(abs(a) for a in alphas) or len(basis) >= n
         if exhausted or last or (k + 1) % check_every == 0:
-            result = _ritz(alphas, betas, beta, tol, floor, k + 1, exhausted)
+            result = _ritz(alphas, betas, beta, tol, floor, k + 1, exhausted, largest_only)
             if result.converged or exhausted:
                 return result
         betas.append(beta)
@@ -74,7 +75,14 @@ def lanczos_extremes(
 
 
 def _ritz(
-    alphas: list[float], betas: list[float], beta: float, tol: float, floor: float, k: int, exhausted: bool
+    alphas: list[float],
+    betas: list[float],
+    beta: float,
+    tol: float,
+    floor: float,
+    k: int,
+    exhausted: bool,
+    largest_only: bool = False,
 ) -> LanczosResult:
     t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
     if betas:
@@ -88,5 +96,6 @@ def _ritz(
     converged = False
     if above.numel():
         lo, hi = int(above[0]), len(theta) - 1
+        lo = hi if largest_only else lo
         converged = bool(residuals[hi] <= tol * theta[hi] and residuals[lo] <= tol * theta[lo])
     return LanczosResult(theta, residuals, k, converged or exhausted, exhausted)
