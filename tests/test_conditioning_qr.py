@@ -154,3 +154,20 @@ def test_qr_method_takes_the_value_elimination(monkeypatch: pytest.MonkeyPatch) 
     layer = build_attention("softmax", 8, 2)
     jacobian_condition(layer, layer_norm(torch.randn(1, 40, 8)), method="qr")
     assert widths == [4 * 8] * 4  # q and k scopes, 2 heads each; "all" and "v" never
+
+
+def test_layernorm_bias_makes_the_full_gauge_null_again() -> None:
+    """x = gamma * xhat + beta: every row has x . (1/gamma) = beta . (1/gamma), so a shift of W_Q along
+    1/gamma compensates E b_Q and all H d_h^2 gauge directions are null (plus the key shift): the
+    verified count equals the dense count of exact zeros, with no unexplained value."""
+    torch.manual_seed(7)
+    layer = build_attention("softmax", 8, 2)  # with a query bias
+    gen = torch.Generator().manual_seed(7)
+    gamma = 1 + 0.1 * torch.randn(8, generator=gen, dtype=torch.float64)
+    beta = 1e-3 * torch.randn(8, generator=gen, dtype=torch.float64)
+    x = layer_norm(torch.randn(2, 30, 8, generator=gen, dtype=torch.float64)) * gamma + beta
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    assert dense.null_groups == {"gauge_fixed_bias": 2 * (16 - 4), "key_shift": 8, "gauge_bias_shift": 8}
+    assert dense.n_null == dense.n_null_expected == 2 * 16 + 8 and not dense.notes[1:]
+    fast = jacobian_condition(layer, x, method="qr", per_block=False)
+    assert fast.n_null == dense.n_null and fast.kappa == pytest.approx(dense.kappa, rel=1e-6)

@@ -15,6 +15,11 @@ Theory (per head h, A_h = kernel(X W_Q^hT, X W_K^hT, X W_V^hT), torch layout W[o
 * **Key shift.** Softmax over keys ignores adding the same vector to every key of a sequence. If
   (x_j - mean_j x_j) w = 0 within each sequence (e.g. w = 1/gamma after a LayerNorm with any bias),
   the K directions u w^T are null too (they coincide with the input null space when rows are mean-free).
+* **Gauge with a shifted query bias.** With a fixed query bias b_Q, the gauge tangent E breaks only
+  by -E b_Q . k_j (``gauge_fixed_bias`` keeps the E with E b_Q = 0). If moreover every real row has
+  the same x w = c != 0 for the key-shift vector w (a LayerNorm with a bias: w = 1/gamma,
+  c = beta . w), adding (E b_Q / c) w^T to W_Q shifts every query back by E b_Q: the remaining d_h
+  gauge directions per head, (E W_Q + (E b_Q / c) w^T, -E^T W_K), are null as well.
 
 Each candidate group is a linear subspace; a group is accepted when J applied to two random
 combinations of it is zero (relative to J on random directions). If J restricted to the group were
@@ -99,6 +104,18 @@ def _bias(probe: Probe, block: str, h: int) -> torch.Tensor:
     return bias.detach()[h * d : (h + 1) * d, None].to(probe.x.dtype)
 
 
+def _constant_projection(probe: Probe, wc: torch.Tensor) -> float | None:
+    """c when every real row has x . w = c != 0 for the first key-shift vector w, else None."""
+    if wc.shape[1] == 0:
+        return None
+    proj = probe.x[probe.real] @ wc[:, 0]
+    c = float(proj.mean())
+    scale = float(probe.x[probe.real].abs().max())
+    if abs(c) <= 1e-12 * scale or float((proj - c).abs().max()) > 1e-10 * scale:
+        return None
+    return c
+
+
 def _complement(vectors: torch.Tensor) -> torch.Tensor:
     """Orthonormal basis of the orthogonal complement of span(vectors) (d x k) in R^d."""
     d = vectors.shape[0]
@@ -154,6 +171,14 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
     if name.startswith("input_null_"):
         b = name[-1]
         return columns({b: rows_equal(w0)}) if b in blocks and w0.shape[1] else None
+    if name == "gauge_bias_shift":
+        b_q, c = _bias(probe, "q", h), _constant_projection(probe, wc)
+        if not ("q" in blocks and "k" in blocks) or c is None or not b_q.any():
+            return None
+        w = wc[:, :1]
+        e = torch.einsum("ai,j->aij", eye, b_q[:, 0] / float(b_q.square().sum()))  # E_a b_Q = e_a
+        dq = e @ W["q"] + eye[:, :, None] * (w[:, 0] / c)[None, None, :]
+        return columns({"q": dq, "k": -e.transpose(1, 2) @ W["k"]})
     if name == "key_shift":
         return columns({"k": rows_equal(wc)}) if "k" in blocks and wc.shape[1] else None
     return None
@@ -204,7 +229,7 @@ def build_null_space(
     per_head: list[list[torch.Tensor]] = [[] for _ in range(probe.num_heads)]
     accepted: dict[str, int] = {}
     rejected: list[str] = []
-    names = [*GROUPS, "key_shift"] if wc.shape[1] > w0.shape[1] else list(GROUPS)
+    names = [*GROUPS, "key_shift", "gauge_bias_shift"] if wc.shape[1] > w0.shape[1] else list(GROUPS)
     for name in names:
         if name in ("gauge_fixed_bias", "orthogonal_gauge") and (
             "gauge" in accepted or "gauge_fixed_bias" in accepted
