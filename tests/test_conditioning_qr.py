@@ -117,6 +117,9 @@ def test_value_block_is_eliminated_exactly(family: str) -> None:
     assert kron_factor(jac[:, cols], probe.head_dim) is not None  # A_h = P_h V_h for every family
     fast = value_eliminated_extremes(jac, null.bases[1], cols, probe.head_dim, w0, 1e-11)
     general = deflated_extremes(jac, null.bases[1], 1e-11)
+    if family == "linear":  # its (S, z) null directions mix K and V: no split, the general path
+        assert "linear_statistics" in null.groups and fast is None
+        return
     assert fast is not None
     assert fast.sigma_max == pytest.approx(general.sigma_max, rel=1e-9)
     assert fast.sigma_min == pytest.approx(general.sigma_min, rel=1e-6)
@@ -171,3 +174,19 @@ def test_layernorm_bias_makes_the_full_gauge_null_again() -> None:
     assert dense.n_null == dense.n_null_expected == 2 * 16 + 8 and not dense.notes[1:]
     fast = jacobian_condition(layer, x, method="qr", per_block=False)
     assert fast.n_null == dense.n_null and fast.kappa == pytest.approx(dense.kappa, rel=1e-6)
+
+
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_linear_attention_null_space_is_its_key_value_statistics(sequences: int) -> None:
+    """Linear attention sees K and V only through each sequence's S = sum phi(k) v^T and
+    z = sum phi(k): 2 d D - B (d^2 + d) null directions per head, verified, and all that dense finds."""
+    torch.manual_seed(8)
+    dim, heads, d = 8, 2, 4
+    layer = build_attention("linear", dim, heads)
+    x = torch.randn(sequences, 60 // sequences, dim, dtype=torch.float64)
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    expected = heads * (2 * d * dim - sequences * (d * d + d))
+    assert dense.n_null_expected == expected == dense.n_null
+    assert set(dense.null_groups) == {"linear_statistics"}
+    fast = jacobian_condition(layer, x, method="qr", per_block=False)
+    assert fast.n_null == expected and fast.kappa == pytest.approx(dense.kappa, rel=1e-6)

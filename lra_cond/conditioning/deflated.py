@@ -141,7 +141,9 @@ def value_eliminated_extremes(
     rest_null = torch.cat([null_basis[: v_cols.start], null_basis[v_cols.stop :]])
     # Rows of an orthonormal basis of a split space restricted to the rest: singular values 0 or 1.
     rest_null = orthonormal_columns(rest_null)
-    if rest_null.shape[1] + d * w_null.shape[1] != null_basis.shape[1]:
+    value_rank = orthonormal_columns(null_basis[v_cols]).shape[1]
+    # Split iff the two restrictions' ranks add up (a mixed direction counts in both).
+    if not rest_null.shape[1] + value_rank == d * w_null.shape[1] + rest_null.shape[1] == null_basis.shape[1]:
         return None
     q_y, r_y = torch.linalg.qr(deflate(y, w_null))  # (T, D'), (D', D')
     t = y.shape[0]

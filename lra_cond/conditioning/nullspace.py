@@ -20,6 +20,10 @@ Theory (per head h, A_h = kernel(X W_Q^hT, X W_K^hT, X W_V^hT), torch layout W[o
   the same x w = c != 0 for the key-shift vector w (a LayerNorm with a bias: w = 1/gamma,
   c = beta . w), adding (E b_Q / c) w^T to W_Q shifts every query back by E b_Q: the remaining d_h
   gauge directions per head, (E W_Q + (E b_Q / c) w^T, -E^T W_K), are null as well.
+* **Linear attention's key/value statistics.** Kernels that see keys and values only through
+  per-sequence sums (elu+1 linear attention: S = sum_j phi(k_j) v_j^T, z = sum_j phi(k_j)) are
+  unchanged to first order by any (W_K, W_V) direction that leaves every sequence's (S, z) fixed:
+  at least 2 d_h D - B (d_h^2 + d_h) per head (B sequences), the null space of that small Jacobian.
 
 Each candidate group is a linear subspace; a group is accepted when J applied to two random
 combinations of it is zero (relative to J on random directions). If J restricted to the group were
@@ -35,6 +39,7 @@ import torch
 
 from lra_cond.conditioning.probe import Probe
 from lra_cond.conditioning.weights import svdvals
+from lra_cond.models.attention.linear import LinearAttention
 
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
 
@@ -116,6 +121,37 @@ def _constant_projection(probe: Probe, wc: torch.Tensor) -> float | None:
     return c
 
 
+def _linear_statistics(probe: Probe, h: int) -> torch.Tensor | None:
+    """(W_K, W_V) directions of head h that leave every sequence's S and z unchanged (linear attention)."""
+    layer, d, dim = probe.layer, probe.head_dim, probe.dim
+    blocks = [b for b in ("k", "v") if b in probe.blocks]
+    if not isinstance(layer, LinearAttention) or not blocks:
+        return None
+    weights = {b: probe.head_weight(b, h) for b in "kv"}
+    bias = {b: _bias(probe, b, h)[:, 0] for b in "kv"}
+
+    def statistics(flat: torch.Tensor) -> torch.Tensor:
+        w = dict(weights, **dict(zip(blocks, flat.reshape(len(blocks), d, dim))))
+        k, v = (probe.x @ w[b].T + bias[b] for b in "kv")  # (B, N, d)
+        _, phi_k = layer.features(k[:, None], k[:, None], probe.mask)
+        phi_k = phi_k[:, 0]
+        return torch.cat([torch.einsum("bnd,bne->bde", phi_k, v).flatten(1), phi_k.sum(1)], 1).flatten()
+
+    jac = torch.func.jacrev(statistics)(torch.cat([weights[b].reshape(-1) for b in blocks]))
+    # Exact SVD (not the Gram route of orthonormal_columns): these directions are deflated, so they
+    # must be null to working precision, not to sqrt(eps).
+    _, s, vh = torch.linalg.svd(jac, full_matrices=True)
+    rank = int((s > 1e-10 * s[0]).sum())
+    null = vh[rank:].T  # (len(blocks) * d * D, m)
+    if null.shape[1] == 0:
+        return None
+    parts = null.T.reshape(-1, len(blocks), d, dim)
+    m = null.shape[1]
+    z = torch.zeros(m, d, dim, dtype=null.dtype, device=null.device)
+    by_block = {b: parts[:, i] for i, b in enumerate(blocks)}
+    return torch.cat([by_block.get(b, z).reshape(m, -1) for b in probe.blocks], 1).T
+
+
 def _complement(vectors: torch.Tensor) -> torch.Tensor:
     """Orthonormal basis of the orthogonal complement of span(vectors) (d x k) in R^d."""
     d = vectors.shape[0]
@@ -179,6 +215,8 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
         e = torch.einsum("ai,j->aij", eye, b_q[:, 0] / float(b_q.square().sum()))  # E_a b_Q = e_a
         dq = e @ W["q"] + eye[:, :, None] * (w[:, 0] / c)[None, None, :]
         return columns({"q": dq, "k": -e.transpose(1, 2) @ W["k"]})
+    if name == "linear_statistics":
+        return _linear_statistics(probe, h)
     if name == "key_shift":
         return columns({"k": rows_equal(wc)}) if "k" in blocks and wc.shape[1] else None
     return None
@@ -230,6 +268,7 @@ def build_null_space(
     accepted: dict[str, int] = {}
     rejected: list[str] = []
     names = [*GROUPS, "key_shift", "gauge_bias_shift"] if wc.shape[1] > w0.shape[1] else list(GROUPS)
+    names.append("linear_statistics")
     for name in names:
         if name in ("gauge_fixed_bias", "orthogonal_gauge") and (
             "gauge" in accepted or "gauge_fixed_bias" in accepted
