@@ -33,6 +33,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
@@ -41,22 +42,35 @@ from lra_cond.models.attention.registry import ATTENTIONS
 from lra_cond.models.attention.sdpa import attend
 
 
-def landmark_pooling(
-    key_padding_mask: torch.Tensor | None, batch: int, n: int, m: int, like: torch.Tensor
+def landmark_segments(
+    key_padding_mask: torch.Tensor | None, batch: int, n: int, m: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Segment-mean matrix (batch, m, n) over each example's real tokens, and (batch, m) empty flags."""
+    """Each token's landmark segment (batch, n), padded tokens in an extra slot m, and the
+    (batch, m) number of real tokens per segment."""
     if key_padding_mask is None:
-        real = torch.ones(batch, n, dtype=torch.bool, device=like.device)
+        real = torch.ones(batch, n, dtype=torch.bool, device=device)
     else:
         real = ~key_padding_mask
     rank = real.long().cumsum(-1) - 1  # position among the example's real tokens
     length = real.sum(-1, keepdim=True).clamp_min(1)
-    segment = rank * m // length
-    landmark = torch.arange(m, device=like.device)[None, :, None]
-    member = (segment[:, None, :] == landmark) & real[:, None, :]
-    counts = member.sum(-1, keepdim=True)
-    pool = member.to(like.dtype) / counts.clamp_min(1).to(like.dtype)
-    return pool, counts[..., 0] == 0
+    segment = torch.where(real, rank * m // length, m)
+    counts = torch.zeros(batch, m + 1, dtype=torch.long, device=device)
+    counts.scatter_add_(1, segment, torch.ones_like(segment))
+    return segment, counts[:, :m]
+
+
+def segment_means(x: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per-segment mean of x (batch, heads, n, d) -> (batch, heads, m, d); empty segments give 0.
+
+    A scatter-add over the (batch, n, heads*d) layout the projections wrote: it reads x once, where
+    a dense (m x n) pooling matmul costs m times more and copies its matrix per head.
+    """
+    heads, m = x.shape[1], counts.shape[1]
+    flat = rearrange(x, "b h n d -> b n (h d)")
+    sums = flat.new_zeros(flat.shape[0], m + 1, flat.shape[2])
+    sums = sums.scatter_add(1, segment[..., None].expand_as(flat), flat)[:, :m]
+    means = sums / counts.clamp_min(1)[..., None].to(x.dtype)
+    return rearrange(means, "b m (h d) -> b h m d", h=heads)
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
@@ -150,8 +164,9 @@ class NystromAttention(Attention):
                 f"(the padded length of this input); "
                 f"choose num_landmarks <= {n}, e.g. --model.attention_args '{{\"num_landmarks\": {n}}}'"
             )
-        pool, empty = landmark_pooling(key_padding_mask, b, n, self.num_landmarks, q)
-        q_l, k_l = pool[:, None] @ q, pool[:, None] @ k
+        segment, counts = landmark_segments(key_padding_mask, b, n, self.num_landmarks, q.device)
+        q_l, k_l = segment_means(q, segment, counts), segment_means(k, segment, counts)
+        empty = counts == 0
         a = masked_softmax(q_l @ k_l.transpose(-1, -2) / math.sqrt(d), empty)
         a = a.masked_fill(empty[:, None, :, None], 0.0)
         return q_l, k_l, iterative_pinv(a, self.pinv_iterations), empty
