@@ -112,10 +112,12 @@ def test_nystrom_landmarks_are_segment_means_of_real_tokens():
     assert not empty.any()
 
 
-@pytest.mark.parametrize(("n", "kernel", "block"), [(70, 35, 32), (64, 5, 32), (11, 35, 32), (9, 3, 4)])
+@pytest.mark.parametrize(
+    ("n", "kernel", "block"), [(70, 35, 32), (64, 5, 32), (11, 35, 32), (9, 3, 4), (20, 9, 4)]
+)
 def test_sequence_conv_matches_torch_conv2d_values_and_gradients(n, kernel, block):
     # The fast path's blocked-matmul conv against torch's depthwise conv2d: sequences shorter than the
-    # kernel or the block, and lengths that are not a multiple of the block.
+    # kernel or the block, lengths that are not a multiple of the block, windows spanning 2 or 3 tiles.
     g = torch.Generator().manual_seed(7)
     v = torch.randn(2, HEADS, n, 3, dtype=torch.float64, generator=g, requires_grad=True)
     weight = torch.randn(HEADS, 1, kernel, 1, dtype=torch.float64, generator=g, requires_grad=True)

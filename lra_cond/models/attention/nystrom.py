@@ -98,17 +98,22 @@ def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> tor
     Why not conv2d: on CPU its (k, 1) depthwise kernel runs far below the matmul rate (about 6x slower
     than this at the ListOps shape, forward + backward). Here the sequence is cut into blocks of
     ``block`` rows; a block's output is one banded Toeplitz (block x (block + k - 1)) matrix times its
-    zero-padded window of v, so the whole conv is one batched matmul on an unfolded view.
+    zero-padded window of v, so the whole conv is one batched matmul. The windows are built from
+    whole tiles (a cat, whose backward is slicing) rather than ``unfold`` (whose backward is slow).
     """
     k = weight.shape[-1]
     n = v.shape[-2]
-    blocks = -(-n // block)
-    padded = F.pad(v, (0, 0, k // 2, k // 2 + blocks * block - n))
-    windows = padded.unfold(-2, block + k - 1, block)  # (batch, heads, blocks, d, block + k - 1)
+    blocks, width = -(-n // block), block + k - 1
+    extra = -(-(k - 1) // block)  # further tiles a window reaches into
+    padded = F.pad(v, (0, 0, k // 2, (blocks + extra) * block - n - k // 2))
+    tiles = padded.unflatten(-2, (blocks + extra, block))  # (batch, heads, tiles, block, d)
+    parts = [tiles[:, :, j : j + blocks] for j in range(extra + 1)]
+    parts[-1] = parts[-1][..., : width - extra * block, :]
+    windows = torch.cat(parts, dim=-2)  # (batch, heads, blocks, width, d)
     # Row i of a block reads window entries i .. i + k - 1 with taps 0 .. k - 1 (cross-correlation).
-    offset = torch.arange(block + k - 1, device=v.device) - torch.arange(block, device=v.device)[:, None]
+    offset = torch.arange(width, device=v.device) - torch.arange(block, device=v.device)[:, None]
     toeplitz = weight[:, offset.clamp(0, k - 1)] * ((offset >= 0) & (offset < k))
-    out = torch.einsum("hij,bhcdj->bhcid", toeplitz, windows)
+    out = torch.einsum("hij,bhcjd->bhcid", toeplitz, windows)
     return out.flatten(2, 3)[:, :, :n]
 
 
