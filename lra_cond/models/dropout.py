@@ -23,6 +23,4 @@ class Dropout(nn.Dropout):
         if not self.training or self.inplace or x.device.type != "cpu" or not 0.0 < self.p < 1.0:
             return super().forward(x)
         keep = torch.rand(x.shape, dtype=torch.float64, device=x.device) < 1.0 - self.p
-        # nn.Dropout's noise, mask / (1 - p) in x's dtype, in one pass instead of a cast and a division.
-        scale = torch.ones((), dtype=x.dtype, device=x.device).div_(1.0 - self.p)
-        return x * torch.where(keep, scale, 0.0)
+        return x * keep.to(x.dtype).div_(1.0 - self.p)  # nn.Dropout's noise: mask / (1 - p)
