@@ -11,7 +11,7 @@ from torch.func import functional_call, jvp, vjp
 
 from lra_cond.errors import UserError
 from lra_cond.models.attention import ATTENTIONS, build_attention, explicit_math
-from lra_cond.models.attention.nystrom import iterative_pinv
+from lra_cond.models.attention.nystrom import iterative_pinv, sequence_conv
 from lra_cond.models.attention.sdpa import attend
 from lra_cond.models.encoder import padding_mask
 
@@ -110,6 +110,25 @@ def test_nystrom_landmarks_are_segment_means_of_real_tokens():
     expected = torch.stack([q[:, :, a:b].mean(2) for a, b in bounds], dim=2)
     torch.testing.assert_close(q_l, expected)
     assert not empty.any()
+
+
+@pytest.mark.parametrize(
+    ("n", "kernel", "block"), [(70, 35, 32), (64, 5, 32), (11, 35, 32), (9, 3, 4), (20, 9, 4)]
+)
+def test_sequence_conv_matches_torch_conv2d_values_and_gradients(n, kernel, block):
+    # The fast path's blocked-matmul conv against torch's depthwise conv2d: sequences shorter than the
+    # kernel or the block, lengths that are not a multiple of the block, windows spanning 2 or 3 tiles.
+    g = torch.Generator().manual_seed(7)
+    v = torch.randn(2, HEADS, n, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(HEADS, 1, kernel, 1, dtype=torch.float64, generator=g, requires_grad=True)
+    ours = sequence_conv(v, weight.flatten(1), block=block)
+    ref = torch.nn.functional.conv2d(v, weight, padding=(kernel // 2, 0), groups=HEADS)
+    torch.testing.assert_close(ours, ref, atol=1e-12, rtol=0)
+    u = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    grads = torch.autograd.grad((ours * u).sum(), (v, weight))
+    ref_grads = torch.autograd.grad((ref * u).sum(), (v, weight))
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
 # --- Linear and normalized: naive formulas ---------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lra_cond.models.attention import build_attention
+from lra_cond.models.dropout import Dropout
 
 
 @dataclass
@@ -44,14 +45,14 @@ class Block(nn.Module):
         # attention_args may override the encoder-wide head_dim/dropout for the attention layer.
         options = {"head_dim": cfg.head_dim, "dropout": cfg.dropout, **cfg.attention_options}
         self.attn = build_attention(cfg.attention, cfg.dim, cfg.num_heads, **options)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.norm2 = nn.LayerNorm(cfg.dim)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.dim, cfg.mlp_dim),
             nn.GELU(),
-            nn.Dropout(cfg.dropout),
+            Dropout(cfg.dropout),
             nn.Linear(cfg.mlp_dim, cfg.dim),
-            nn.Dropout(cfg.dropout),
+            Dropout(cfg.dropout),
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,7 @@ class Encoder(nn.Module):
         self.cfg = cfg
         self.token_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.max_len, cfg.dim)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.dim)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
@@ -53,11 +54,20 @@ class LinearAttention(Attention):
         return phi_q, phi_k
 
     def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
+        # Heads stay interleaved as the projections wrote them, (batch, seq, heads, d): bmm reads each
+        # head in place through unbind views (whose backward is one stack), saving the head-major
+        # copies an einsum makes and the copy back in heads_output. The denominator rides along as
+        # an extra column of the (d, d + 1) state.
         phi_q, phi_k = self.features(q, k, key_padding_mask)
-        kv = torch.einsum("bhnd,bhne->bhde", phi_k, v)
-        numerator = torch.einsum("bhnd,bhde->bhne", phi_q, kv)
-        denominator = torch.einsum("bhnd,bhd->bhn", phi_q, phi_k.sum(-2)) + self.eps
-        return numerator / denominator[..., None]
+        phi_q, phi_k, v = (rearrange(t, "b h n d -> b n h d") for t in (phi_q, phi_k, v))
+        outs = []
+        for q_h, k_h, v_h, sum_h in zip(
+            phi_q.unbind(2), phi_k.unbind(2), v.unbind(2), phi_k.sum(1).unbind(1)
+        ):
+            state = torch.cat([k_h.transpose(1, 2) @ v_h, sum_h[..., None]], dim=-1)
+            out = q_h @ state  # (batch, seq, d + 1): numerator | denominator
+            outs.append(out[..., :-1] / (out[..., -1:] + self.eps))
+        return rearrange(torch.stack(outs, dim=2), "b n h d -> b h n d")
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         phi_q, phi_k = self.features(q, k, key_padding_mask)

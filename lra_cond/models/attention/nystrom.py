@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
@@ -40,22 +42,35 @@ from lra_cond.models.attention.registry import ATTENTIONS
 from lra_cond.models.attention.sdpa import attend
 
 
-def landmark_pooling(
-    key_padding_mask: torch.Tensor | None, batch: int, n: int, m: int, like: torch.Tensor
+def landmark_segments(
+    key_padding_mask: torch.Tensor | None, batch: int, n: int, m: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Segment-mean matrix (batch, m, n) over each example's real tokens, and (batch, m) empty flags."""
+    """Each token's landmark segment (batch, n), padded tokens in an extra slot m, and the
+    (batch, m) number of real tokens per segment."""
     if key_padding_mask is None:
-        real = torch.ones(batch, n, dtype=torch.bool, device=like.device)
+        real = torch.ones(batch, n, dtype=torch.bool, device=device)
     else:
         real = ~key_padding_mask
     rank = real.long().cumsum(-1) - 1  # position among the example's real tokens
     length = real.sum(-1, keepdim=True).clamp_min(1)
-    segment = rank * m // length
-    landmark = torch.arange(m, device=like.device)[None, :, None]
-    member = (segment[:, None, :] == landmark) & real[:, None, :]
-    counts = member.sum(-1, keepdim=True)
-    pool = member.to(like.dtype) / counts.clamp_min(1).to(like.dtype)
-    return pool, counts[..., 0] == 0
+    segment = torch.where(real, rank * m // length, m)
+    counts = torch.zeros(batch, m + 1, dtype=torch.long, device=device)
+    counts.scatter_add_(1, segment, torch.ones_like(segment))
+    return segment, counts[:, :m]
+
+
+def segment_means(x: torch.Tensor, segment: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per-segment mean of x (batch, heads, n, d) -> (batch, heads, m, d); empty segments give 0.
+
+    A scatter-add over the (batch, n, heads*d) layout the projections wrote: it reads x once, where
+    a dense (m x n) pooling matmul costs m times more and copies its matrix per head.
+    """
+    heads, m = x.shape[1], counts.shape[1]
+    flat = rearrange(x, "b h n d -> b n (h d)")
+    sums = flat.new_zeros(flat.shape[0], m + 1, flat.shape[2])
+    sums = sums.scatter_add(1, segment[..., None].expand_as(flat), flat)[:, :m]
+    means = sums / counts.clamp_min(1)[..., None].to(x.dtype)
+    return rearrange(means, "b m (h d) -> b h m d", h=heads)
 
 
 def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
@@ -73,6 +88,33 @@ def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
         az = a @ z
         z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
     return z
+
+
+def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """Depthwise 'same' convolution of v (batch, heads, n, d) along n, one odd kernel per head
+    (weight (heads, k)), shared over d: what ``conv2d`` with a (k, 1) kernel, padding (k // 2, 0) and
+    heads as groups computes.
+
+    Why not conv2d: on CPU its (k, 1) depthwise kernel runs far below the matmul rate (about 6x slower
+    than this at the ListOps shape, forward + backward). Here the sequence is cut into blocks of
+    ``block`` rows; a block's output is one banded Toeplitz (block x (block + k - 1)) matrix times its
+    zero-padded window of v, so the whole conv is one batched matmul. The windows are built from
+    whole tiles (a cat, whose backward is slicing) rather than ``unfold`` (whose backward is slow).
+    """
+    k = weight.shape[-1]
+    n = v.shape[-2]
+    blocks, width = -(-n // block), block + k - 1
+    extra = -(-(k - 1) // block)  # further tiles a window reaches into
+    padded = F.pad(v, (0, 0, k // 2, (blocks + extra) * block - n - k // 2))
+    tiles = padded.unflatten(-2, (blocks + extra, block))  # (batch, heads, tiles, block, d)
+    parts = [tiles[:, :, j : j + blocks] for j in range(extra + 1)]
+    parts[-1] = parts[-1][..., : width - extra * block, :]
+    windows = torch.cat(parts, dim=-2)  # (batch, heads, blocks, width, d)
+    # Row i of a block reads window entries i .. i + k - 1 with taps 0 .. k - 1 (cross-correlation).
+    offset = torch.arange(width, device=v.device) - torch.arange(block, device=v.device)[:, None]
+    toeplitz = weight[:, offset.clamp(0, k - 1)] * ((offset >= 0) & (offset < k))
+    out = torch.einsum("hij,bhcjd->bhcid", toeplitz, windows)
+    return out.flatten(2, 3)[:, :, :n]
 
 
 def masked_softmax(scores: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
@@ -127,28 +169,32 @@ class NystromAttention(Attention):
                 f"(the padded length of this input); "
                 f"choose num_landmarks <= {n}, e.g. --model.attention_args '{{\"num_landmarks\": {n}}}'"
             )
-        pool, empty = landmark_pooling(key_padding_mask, b, n, self.num_landmarks, q)
-        q_l, k_l = pool[:, None] @ q, pool[:, None] @ k
+        segment, counts = landmark_segments(key_padding_mask, b, n, self.num_landmarks, q.device)
+        q_l, k_l = segment_means(q, segment, counts), segment_means(k, segment, counts)
+        empty = counts == 0
         a = masked_softmax(q_l @ k_l.transpose(-1, -2) / math.sqrt(d), empty)
         a = a.masked_fill(empty[:, None, :, None], 0.0)
         return q_l, k_l, iterative_pinv(a, self.pinv_iterations), empty
 
-    def with_skip(self, out, v, key_padding_mask):  # noqa: ANN001, ANN201
-        """Add the depthwise conv of V along the sequence, padded values zeroed first."""
+    def with_skip(self, out, v, key_padding_mask, explicit: bool):  # noqa: ANN001, ANN201
+        """Add the depthwise conv of V along the sequence, padded values zeroed first (torch's conv on
+        the explicit path, the same conv as a blocked matmul on the fast path)."""
         if self.conv is None:
             return out
         if key_padding_mask is not None:
             v = v.masked_fill(key_padding_mask[:, None, :, None], 0.0)
-        return out + self.conv(v)
+        if explicit:
+            return out + self.conv(v)
+        return out + sequence_conv(v, self.conv.weight.flatten(1))
 
     def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         q_l, k_l, z, empty = self.landmarks(q, k, key_padding_mask)
         bv = attend(q_l, k, v, key_padding_mask)  # B V: (batch, heads, m, d)
-        return self.with_skip(attend(q, k_l, z @ bv, empty), v, key_padding_mask)
+        return self.with_skip(attend(q, k_l, z @ bv, empty), v, key_padding_mask, explicit=False)
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         q_l, k_l, z, empty = self.landmarks(q, k, key_padding_mask)
         scale = 1.0 / math.sqrt(q.shape[-1])
         f = masked_softmax(q @ k_l.transpose(-1, -2) * scale, empty)
         b = masked_softmax(q_l @ k.transpose(-1, -2) * scale, key_padding_mask)
-        return self.with_skip(f @ (z @ (b @ v)), v, key_padding_mask)
+        return self.with_skip(f @ (z @ (b @ v)), v, key_padding_mask, explicit=True)
