@@ -210,27 +210,34 @@ def loader_rate(args: argparse.Namespace, seconds: float = 3.0, max_batches: int
     return (round(n / elapsed, 2) if n else None), f"{n} batches from {path}"
 
 
-def monitor_cost(model: torch.nn.Module, batch: dict[str, torch.Tensor], step_s: float) -> tuple[Any, str]:
-    """One probe of a default ``ConditionNumberMonitor`` (its probe taken from ``batch`` as in ``fit``),
-    as a fraction of the training time between two probes: probe_s / (every_n_steps x step_s)."""
+def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float | None, int, str]:
+    """Time one probe of a default ``ConditionNumberMonitor`` (its probe taken from ``batch`` as in
+    ``fit``): (seconds or None when the monitor is off by default, its cadence, a note)."""
     from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
     from lra_cond.callbacks.layer_inputs import take_probe
 
     monitor = ConditionNumberMonitor()
     if not monitor.enabled:
-        return 0.0, "the condition monitor is off by default: no probe cost in a default fit"
+        return None, 0, "the condition monitor is off by default: no probe cost in a default fit"
     probe = take_probe([{k: v.cpu() for k, v in batch.items()}], monitor.probe_tokens)
     start = time.perf_counter()
     results = monitor.probe_model(model, probe)
     probe_s = time.perf_counter() - start
-    unmeasured = [r.reason for r in results if r.reason]
     note = (
         f"probe {probe_s:.1f} s every {monitor.every_n_steps} steps "
         f"({monitor.method}, {monitor.probe_tokens} tokens, {len(results)} layers)"
     )
+    unmeasured = [r.reason for r in results if r.reason]
     if unmeasured:
         note += f"; {unmeasured[0]}"
-    return round(probe_s / (monitor.every_n_steps * step_s), 5), note
+    return probe_s, monitor.every_n_steps, note
+
+
+def monitor_cost(model: torch.nn.Module, batch: dict[str, torch.Tensor], step_s: float) -> tuple[float, str]:
+    """One default probe as a fraction of the training time between two probes:
+    probe_s / (every_n_steps x step_s); 0 when the monitor is off by default."""
+    probe_s, every, note = monitor_probe(model, batch)
+    return (0.0 if probe_s is None else round(probe_s / (every * step_s), 5)), note
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -253,6 +260,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(args.seed)
     batches = [random_batch(spec, args.batch_size, args.seq_len, args.padded, gen) for _ in range(2)]
     batches = [{k: v.to(args.device) for k, v in b.items()} for b in batches]
+    # The monitor's probes land at step 0 and every N steps, where the model is either freshly
+    # initialised or well trained; time one on the model as fit's step-0 probe sees it.
+    model.eval()
+    probe_s, every, cond_note = monitor_probe(model, batches[0])
+    model.train()
     times: list[float] = []
     cpu_times: list[float] = []  # process CPU seconds: a load-independent view on a shared machine
     with explicit_math(model) if args.explicit else contextlib.nullcontext():
@@ -269,8 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flops = count_flops(lambda: train_step(model, opt, batches[0]))
     median = statistics.median(times)
     loader, loader_note = loader_rate(args)
-    model.eval()
-    cond, cond_note = monitor_cost(model, batches[0], median)
+    cond = 0.0 if probe_s is None else round(probe_s / (every * median), 5)
     tokens = args.batch_size * args.seq_len
     return {
         "attention": args.attention,

@@ -23,17 +23,19 @@ from lra_cond.conditioning import JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
 
-# Sized on the measured probe cost (see the class docstring and README).
-DEFAULT_EVERY_N_STEPS = 1000
+# Sized on the measured probe cost (see the class docstring and README): <= 5% at the ListOps
+# reference shape even at bench's batch 4 (a 35 s probe / (1500 x 0.55 s steps) = 4.2%).
+DEFAULT_EVERY_N_STEPS = 1500
 
 
 class ConditionNumberMonitor(pl.Callback):
     """Condition number of each attention layer's Jacobian d A / d (W_Q, W_K, W_V) during ``fit``.
 
     On by default. One probe at the ListOps reference shape (dim 64, 2 layers, 2 heads x 32, 256 probe
-    tokens, per-block values included) takes about a minute on a 2-core CPU with the default ``qr``
-    method (exact to ~1e-8; ``dense`` svdvals would take ~8 min); DEFAULT_EVERY_N_STEPS keeps it
-    within 5% of training time there (README, "Condition number", has the measurement). kappa
+    tokens, per-block values included) takes ~35 s for softmax on a 2-core CPU with the default
+    ``qr`` method (exact to ~1e-8; ``dense`` svdvals would take ~8 min); DEFAULT_EVERY_N_STEPS keeps
+    it within 5% of training time there (README, "Condition number", has the measurements; the
+    other families build J by forward-mode AD and cost 4-5x more per probe). kappa
     depends on the probe size (J is 8192 x 6144 per head at 256 tokens), so compare runs only at
     equal ``probe_tokens``.
     A short run still pays the probes at step 0 and at the end: ``--cond.every_n_steps 0`` disables.
