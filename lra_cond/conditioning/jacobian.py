@@ -34,6 +34,7 @@ import torch
 from torch.func import vjp
 
 from lra_cond.conditioning.deflated import (
+    Extremes,
     deflated_extremes,
     kron_extremes,
     kron_factor,
@@ -108,7 +109,9 @@ def _dense(probe: Probe, null: NullSpace, rtol: float, jacs: list[torch.Tensor])
     return _summary_from_values(s, rtol, null.dim)
 
 
-def _head_extremes(probe: Probe, null: NullSpace, h: int, jac: torch.Tensor, w0: torch.Tensor, rtol: float):  # noqa: ANN202
+def _head_extremes(
+    probe: Probe, null: NullSpace, h: int, jac: torch.Tensor, w0: torch.Tensor, rtol: float
+) -> Extremes:
     """One head's extremes: the value block in closed form when it is Kronecker-structured."""
     assert null.bases is not None
     basis, d = null.bases[h], probe.head_dim
