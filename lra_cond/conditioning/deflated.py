@@ -35,6 +35,14 @@ class Extremes:
     iterations: int  # Lanczos iterations (both runs)
 
 
+def spectrum_cut(s: torch.Tensor, rtol: float) -> tuple[float, float, int]:
+    """(sigma_max, smallest value above rtol * sigma_max, how many are at or below it) of singular
+    values ``s`` in any order: the null cut every method shares."""
+    s = torch.sort(s, descending=True).values
+    kept = s[s > rtol * s[0]]
+    return float(s[0]), float(kept[-1]), int(s.numel() - kept.numel())
+
+
 def deflate(jac: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """``jac @ C``, C an orthonormal basis of the complement of span(basis) ((n, k), orthonormal).
 
@@ -89,9 +97,7 @@ def triangular_extremes(r: torch.Tensor, rtol: float, tol: float = 1e-10) -> Ext
         sigma_min = 1.0 / math.sqrt(inv_max) if math.isfinite(inv_max) and inv_max > 0 else 0.0
         if sigma_min > rtol * sigma_max:
             return Extremes(sigma_max, sigma_min, 0, it_max + it_min)
-    s = svdvals(r)
-    kept = s[s > rtol * s[0]]
-    return Extremes(float(s[0]), float(kept[-1]), int(s.numel() - kept.numel()), it_max)
+    return Extremes(*spectrum_cut(svdvals(r), rtol), it_max)
 
 
 def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
@@ -112,9 +118,8 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
 
 def kron_extremes(y: torch.Tensor, w_null: torch.Tensor, d: int, rtol: float) -> Extremes:
     """Extremes of Y (x) I_d on the complement of R^d (x) span(w_null): those of Y W_perp (exact)."""
-    s = svdvals(deflate(y, w_null))
-    kept = s[s > rtol * s[0]]
-    return Extremes(float(s[0]), float(kept[-1]), d * int(s.numel() - kept.numel()), 0)
+    smax, smin, n_null = spectrum_cut(svdvals(deflate(y, w_null)), rtol)
+    return Extremes(smax, smin, d * n_null, 0)
 
 
 def value_eliminated_extremes(

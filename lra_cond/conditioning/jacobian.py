@@ -38,6 +38,7 @@ from lra_cond.conditioning.deflated import (
     deflated_extremes,
     kron_extremes,
     kron_factor,
+    spectrum_cut,
     value_eliminated_extremes,
 )
 from lra_cond.conditioning.head_jacobian import head_jacobian
@@ -97,11 +98,8 @@ class JacobianCondition:
 
 
 def _summary_from_values(s: torch.Tensor, rtol: float, expected: int) -> SpectrumSummary:
-    s = torch.sort(s, descending=True).values
-    smax = float(s[0])
-    kept = s[s > rtol * smax]
-    smin = float(kept[-1])
-    return SpectrumSummary(smax / smin, smax, smin, int(s.numel() - kept.numel()), expected, s.numel())
+    smax, smin, n_null = spectrum_cut(s, rtol)
+    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, s.numel())
 
 
 def _dense(probe: Probe, null: NullSpace, rtol: float, jacs: list[torch.Tensor]) -> SpectrumSummary:

@@ -109,6 +109,13 @@ def _bias(probe: Probe, block: str, h: int) -> torch.Tensor:
     return bias.detach()[h * d : (h + 1) * d, None].to(probe.x.dtype)
 
 
+def _columns(probe: Probe, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """{block: (m, d_h, D) directions} -> (head_size, m) in a head's layout, zeros in the other blocks."""
+    m = next(iter(parts.values())).shape[0]
+    z = torch.zeros(m, probe.head_dim, probe.dim, dtype=probe.x.dtype, device=probe.x.device)
+    return torch.cat([parts.get(b, z).reshape(m, -1) for b in probe.blocks], 1).T
+
+
 def _constant_projection(probe: Probe, wc: torch.Tensor) -> float | None:
     """c when every real row has x . w = c != 0 for the first key-shift vector w, else None."""
     if wc.shape[1] == 0:
@@ -146,10 +153,7 @@ def _linear_statistics(probe: Probe, h: int) -> torch.Tensor | None:
     if null.shape[1] == 0:
         return None
     parts = null.T.reshape(-1, len(blocks), d, dim)
-    m = null.shape[1]
-    z = torch.zeros(m, d, dim, dtype=null.dtype, device=null.device)
-    by_block = {b: parts[:, i] for i, b in enumerate(blocks)}
-    return torch.cat([by_block.get(b, z).reshape(m, -1) for b in probe.blocks], 1).T
+    return _columns(probe, {b: parts[:, i] for i, b in enumerate(blocks)})
 
 
 def _complement(vectors: torch.Tensor) -> torch.Tensor:
@@ -169,12 +173,6 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
     W = {b: probe.head_weight(b, h) for b in blocks}
     eye = torch.eye(d, dtype=probe.x.dtype, device=probe.x.device)
 
-    def columns(parts: dict[str, torch.Tensor]) -> torch.Tensor:
-        """{block: (m, d, D) directions} -> (head_size, m), zeros in the other blocks."""
-        m = next(iter(parts.values())).shape[0]
-        z = torch.zeros(m, d, dim, dtype=probe.x.dtype, device=probe.x.device)
-        return torch.cat([parts.get(b, z).reshape(m, -1) for b in blocks], 1).T
-
     def rows_equal(vectors: torch.Tensor) -> torch.Tensor:
         """Directions "row a of the d x D block = v" for every a and every v in vectors (D, r)."""
         return torch.einsum("ai,vD->vaiD", eye, vectors.T).reshape(-1, d, dim)
@@ -188,7 +186,7 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
         n = eye if name == "gauge" else _complement(_bias(probe, "q", h))
         dq = torch.einsum("ai,cD->aciD", eye, n.T @ W["q"])
         dk = -torch.einsum("ic,aD->aciD", n, W["k"])
-        return columns({"q": dq.reshape(-1, d, dim), "k": dk.reshape(-1, d, dim)})
+        return _columns(probe, {"q": dq.reshape(-1, d, dim), "k": dk.reshape(-1, d, dim)})
     if name == "orthogonal_gauge":
         # Rotations of q and k together; with fixed biases only those fixing b_Q and b_K.
         basis = _complement(torch.cat([_bias(probe, "q", h), _bias(probe, "k", h)], 1))
@@ -200,13 +198,13 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
         if not es:
             return None
         e = torch.stack(es)
-        return columns({"q": e @ W["q"], "k": e @ W["k"]})
+        return _columns(probe, {"q": e @ W["q"], "k": e @ W["k"]})
     if name in ("q_scale", "k_scale"):
         b = name[0]
-        return columns({b: W[b][None]}) if b in blocks else None
+        return _columns(probe, {b: W[b][None]}) if b in blocks else None
     if name.startswith("input_null_"):
         b = name[-1]
-        return columns({b: rows_equal(w0)}) if b in blocks and w0.shape[1] else None
+        return _columns(probe, {b: rows_equal(w0)}) if b in blocks and w0.shape[1] else None
     if name == "gauge_bias_shift":
         b_q, c = _bias(probe, "q", h), _constant_projection(probe, wc)
         if not ("q" in blocks and "k" in blocks) or c is None or not b_q.any():
@@ -214,11 +212,11 @@ def _head_group(probe: Probe, h: int, name: str, w0: torch.Tensor, wc: torch.Ten
         w = wc[:, :1]
         e = torch.einsum("ai,j->aij", eye, b_q[:, 0] / float(b_q.square().sum()))  # E_a b_Q = e_a
         dq = e @ W["q"] + eye[:, :, None] * (w[:, 0] / c)[None, None, :]
-        return columns({"q": dq, "k": -e.transpose(1, 2) @ W["k"]})
+        return _columns(probe, {"q": dq, "k": -e.transpose(1, 2) @ W["k"]})
     if name == "linear_statistics":
         return _linear_statistics(probe, h)
     if name == "key_shift":
-        return columns({"k": rows_equal(wc)}) if "k" in blocks and wc.shape[1] else None
+        return _columns(probe, {"k": rows_equal(wc)}) if "k" in blocks and wc.shape[1] else None
     return None
 
 
