@@ -233,11 +233,10 @@ def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     return probe_s, monitor.every_n_steps, note
 
 
-def monitor_cost(model: torch.nn.Module, batch: dict[str, torch.Tensor], step_s: float) -> tuple[float, str]:
-    """One default probe as a fraction of the training time between two probes:
-    probe_s / (every_n_steps x step_s); 0 when the monitor is off by default."""
-    probe_s, every, note = monitor_probe(model, batch)
-    return (0.0 if probe_s is None else round(probe_s / (every * step_s), 5)), note
+def probe_fraction(probe_s: float | None, every: int, step_s: float) -> float:
+    """One probe over the training time between two probes: probe_s / (every_n_steps x step_s);
+    0 when the monitor is off by default (``probe_s`` None)."""
+    return 0.0 if probe_s is None else round(probe_s / (every * step_s), 5)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -281,7 +280,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         flops = count_flops(lambda: train_step(model, opt, batches[0]))
     median = statistics.median(times)
     loader, loader_note = loader_rate(args)
-    cond = 0.0 if probe_s is None else round(probe_s / (every * median), 5)
+    cond = probe_fraction(probe_s, every, median)
     tokens = args.batch_size * args.seq_len
     return {
         "attention": args.attention,

@@ -79,7 +79,7 @@ def test_unknown_attention_is_one_line_error(tmp_path):
     assert "softmax" in proc.stderr  # the valid names are listed
 
 
-def test_monitor_cost_times_the_default_monitor(monkeypatch):
+def test_monitor_probe_times_the_default_monitor(monkeypatch):
     """bench times one real probe of a default ConditionNumberMonitor, taken from its batch as fit
     takes it, over the default cadence's worth of steps; a monitor that is off costs nothing."""
     from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
@@ -98,11 +98,13 @@ def test_monitor_cost_times_the_default_monitor(monkeypatch):
     torch.manual_seed(0)
     model = LraModel(task="listops", dim=16, mlp_dim=32, max_len=300)
     batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([200, 150, 300])}
-    fraction, note = bench.monitor_cost(model, batch, 0.01)
+    probe_s, every, note = bench.monitor_probe(model, batch)
+    fraction = bench.probe_fraction(probe_s, every, 0.01)
     [(monitor, tokens, results, seconds)] = calls
     assert tokens == 350 and monitor.probe_tokens == 256  # whole examples (each cropped) up to >= 256
     assert len(results) == 2 and all(r.kappa is not None and r.kappa > 1 for r in results)
     assert fraction == pytest.approx(seconds / (monitor.every_n_steps * 0.01), rel=0.05, abs=1e-5)
     assert f"every {monitor.every_n_steps} steps" in note and "qr" in note
     monkeypatch.setattr(ConditionNumberMonitor, "enabled", property(lambda self: False))
-    assert bench.monitor_cost(model, batch, 0.01)[0] == 0.0 and len(calls) == 1
+    probe_s, every, _ = bench.monitor_probe(model, batch)
+    assert bench.probe_fraction(probe_s, every, 0.01) == 0.0 and len(calls) == 1
