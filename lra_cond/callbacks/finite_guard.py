@@ -13,8 +13,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 from lra_cond.errors import UserError
+from lra_cond.run_dir import run_dir_of, update_metrics
 
 
 class NonFiniteError(UserError):
