@@ -29,10 +29,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         try:
             ckpt = torch.load(p, map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise
-            ckpt = torch.load(p, map_location="cpu", weights_only=False)  # an old, non-zip file
+        except Exception:  # not mmap-able (an old non-zip file, or a damaged one): say why without
+            ckpt = torch.load(p, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated zip, not a torch file, ...: many exception types
         reason = " ".join(str(e).split())[:160] or type(e).__name__
         raise UserError(

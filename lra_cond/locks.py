@@ -4,7 +4,8 @@ The kernel drops an ``flock`` when its holder dies, SIGKILL included, so a crash
 leaves a lock that blocks anyone: its lock file may stay on disk, but it is not held and the next
 process takes it at once. An exclusive holder removes its lock file when it releases it; a process
 that took a lock on a file that was meanwhile removed (or replaced) notices it by the inode and
-takes the lock again on the file now at the path, so at most one process holds the lock at a path.
+takes the lock again on the file now at the path (or, with ``create=False``, finds none), so at
+most one process holds the lock at a path.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ class FileLock:
     """``flock`` on ``path``: exclusive (one writer) or shared (readers), blocking or not.
 
     ``on_wait(pid)`` is called once before a blocking acquire starts to wait for another holder.
+    ``create=False``: a missing lock file is a ``FileNotFoundError`` (a reader that must not write).
     """
 
-    def __init__(self, path: str | Path, shared: bool = False) -> None:
+    def __init__(self, path: str | Path, shared: bool = False, create: bool = True) -> None:
         self.path = Path(path)
         self.shared = shared
+        self.create = create
         self._fd: int | None = None
 
     @property
@@ -48,7 +51,7 @@ class FileLock:
     def acquire(self, blocking: bool = False, on_wait=None) -> FileLock:  # noqa: ANN001
         mode = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | (os.O_CREAT if self.create else 0), 0o644)
             try:
                 try:
                     fcntl.flock(fd, mode | fcntl.LOCK_NB)

@@ -71,13 +71,21 @@ def locked(
 ) -> Iterator[None]:
     """Hold the ``<task>/<preset>`` cache lock: exclusive to write, shared to read (waits for a holder).
 
-    A read-only data dir cannot be locked (nor written): readers then go ahead without the lock.
+    A writer creates the lock file (``<data_dir>/<task>/<preset>/.lock``) and removes it when done,
+    as it does the folders it made for nothing (a failed prepare leaves no trace). Readers write
+    nothing: where there is no lock file no writer is at work, and where it cannot be opened (a
+    read-only copy) they read without it.
     """
     folder = task_dir(data_dir, task, preset)
-    lock = FileLock(folder / LOCK, shared=shared)
+    lock = FileLock(folder / LOCK, shared=shared, create=not shared)
+    made = []
+    if not shared:
+        p = folder
+        while not p.exists():
+            made.append(p)
+            p = p.parent
+        folder.mkdir(parents=True, exist_ok=True)
     try:
-        if not shared:
-            folder.mkdir(parents=True, exist_ok=True)
         lock.acquire(blocking=True, on_wait=on_wait)
     except OSError:
         if not shared:
@@ -88,6 +96,11 @@ def locked(
         yield
     finally:
         lock.release()
+        for d in made:  # deepest first; stops at the first that is not empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def ragged(seqs: Sequence[np.ndarray]) -> pa.Array:
