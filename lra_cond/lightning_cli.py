@@ -69,6 +69,9 @@ class RunStart(pl.Callback):
             run_dir.update_metrics(self.folder.path, drop=END_OF_RUN_KEYS)
         if self.config_text is not None:
             run_dir.write_config(self.folder.path, self.config_text)
+        data = getattr(trainer.datamodule, "data_sha256", None)
+        if not self.resume and data:
+            run_dir.update_metrics(self.folder.path, data_sha256=data)
 
 
 class LraCLI(LightningCLI):
@@ -156,6 +159,9 @@ class LraCLI(LightningCLI):
                     "checkpoint_every must be positive (steps between checkpoints), "
                     f"got {cfg.checkpoint_every}"
                 )
+            root = Path(cfg.run_root)
+            if root.exists() and not root.is_dir():
+                raise UserError(f"run_root {root} is not a directory; pass --run_root DIR")
             if cfg.trainer.logger not in (None, True):
                 raise UserError(
                     "fit writes its run folder through its own TensorBoard logger: leave out "
@@ -214,13 +220,11 @@ class LraCLI(LightningCLI):
                 version=run_dir.seed_name(cfg.seed_everything),
                 default_hp_metric=False,
             )
-            # After the best-by-validation ModelCheckpoint, so last.ckpt holds its updated state.
-            resume = ResumeCheckpoint(every_n_train_steps=cfg.checkpoint_every)
-            self.trainer_defaults["callbacks"] = [
-                *self.trainer_defaults["callbacks"],
-                resume,
-                self._run_start,
-            ]
+            extra: list[pl.Callback] = [self._run_start]
+            if not cfg.trainer.fast_dev_run:  # a smoke run writes no checkpoint (it has no run folder)
+                # After the best-by-validation ModelCheckpoint, so last.ckpt holds its updated state.
+                extra.insert(0, ResumeCheckpoint(every_n_train_steps=cfg.checkpoint_every))
+            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], *extra]
         elif cfg.trainer.logger is None:
             kwargs["logger"] = False  # validate/test print their results and write no run folder
         try:
@@ -277,6 +281,13 @@ class LraCLI(LightningCLI):
                 f"cannot resume {folder.path}: this command changes {', '.join(diff)}, which a resume may "
                 "not change; give the run's own options, or start a new run elsewhere with --run_root DIR"
             )
+        started_with, now = folder.metrics.get("data_sha256"), getattr(self.datamodule, "data_sha256", None)
+        if started_with and now and started_with != now:
+            raise UserError(
+                f"cannot resume {folder.path}: the prepared data at {self.datamodule.path} is not the data "
+                "this run started with (it was prepared again since, from another seed or source); restore "
+                "that data, or start a new run elsewhere with --run_root DIR"
+            )
         best = self._resume["best"]
         if best and not (folder.path / run_dir.CHECKPOINT_DIR / best).is_file():
             raise UserError(
@@ -322,7 +333,8 @@ class LraCLI(LightningCLI):
         if trainer.global_step == 0:
             raise UserError(
                 "the run trained 0 steps (no training batch was drawn), so it is not finished and was not "
-                "tested; check --data.batch_size, --trainer.limit_train_batches and --trainer.max_epochs"
+                "tested; check --data.batch_size, --trainer.limit_train_batches, --trainer.max_epochs and "
+                "--trainer.max_time"
             )
         ckpt = trainer.checkpoint_callback  # the first ModelCheckpoint: best by val/acc
         if ckpt is not None and ckpt.best_model_path:

@@ -176,6 +176,17 @@ def check_tables(tables: dict[str, pa.Table], limits: Limits, source: str) -> No
                     )
 
 
+def recover(out: Path) -> None:
+    """A prepare killed between its two renames (``out`` -> ``.old``, ``.tmp`` -> ``out``) left the
+    previous good cache in ``.old``: put it back. The caller holds the cache lock."""
+    out = Path(out)
+    old = out.with_name(out.name + ".old")
+    if not is_prepared(out) and is_prepared(old):
+        if out.exists():
+            shutil.rmtree(out)
+        old.rename(out)
+
+
 def save_prepared(
     out: Path, splits: dict[str, dict[str, Any]], manifest: dict[str, Any], limits: Limits | None = None
 ) -> Path:
@@ -189,12 +200,8 @@ def save_prepared(
     if limits is not None:
         check_tables(tables, limits, f"source {manifest.get('source', '?')}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    recover(out)
     tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
-    if not is_prepared(out) and is_prepared(old):
-        # Killed between the two renames below: the previous good cache comes back first.
-        if out.exists():
-            shutil.rmtree(out)
-        old.rename(out)
     for stale in (tmp, old):  # left by an earlier interrupted prepare
         if stale.exists():
             shutil.rmtree(stale)
@@ -292,6 +299,17 @@ def check_manifest(
             raise UserError(
                 f"prepared data at {path} has an empty {split} split (0 examples); re-run: {command}"
             )
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def data_sha256(manifest: dict[str, Any]) -> str:
+    """One checksum of a cache's content (over its files' checksums): equal for byte-identical data
+    wherever it lives, different after a rebuild from another seed or source."""
+    files = {name: info.get("sha256") for name, info in (manifest.get("files") or {}).items()}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def load_prepared(

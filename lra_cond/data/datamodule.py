@@ -112,6 +112,8 @@ class LraDataModule(pl.LightningDataModule):
             hint = self.spec.prepare_command(self.data_dir, self.preset)
             with cache.locked(self.data_dir, self.task, self.preset, shared=True, on_wait=self._waiting):
                 dd = cache.load_prepared(self.path, hint, self.task, self.preset, self.spec.limits)
+                # What a run records of its data, and a resume checks.
+                self.data_sha256: str = cache.data_sha256(cache.read_manifest(self.path))
             self.splits = dd.with_format("numpy")
         if stage == "fit":
             self._check_batches()

@@ -72,6 +72,7 @@ class TaskSpec:
             Console(stderr=True).print(f"waiting for another prepare of {out}{who} to finish")
 
         with cache.locked(data_dir, self.name, preset, on_wait=waiting):
+            cache.recover(prepared)
             if if_missing and cache.is_prepared(prepared):
                 return prepared
             workers = workers or min(os.cpu_count() or 1, 8)
