@@ -53,8 +53,8 @@ def one_line(error: BaseException) -> str:
 
 
 class RunStart(pl.Callback):
-    """When a ``fit`` starts training (rank zero): writes ``config.yaml`` of a new run, removes a
-    resumed run's end-of-run entries, and marks in the lock file that training started."""
+    """When a ``fit`` starts training (rank zero): writes ``config.yaml`` and the data checksum of a
+    new run, and marks in the lock file that training started."""
 
     def __init__(self) -> None:
         self.folder: run_dir.RunFolder | None = None
@@ -65,8 +65,6 @@ class RunStart(pl.Callback):
         if not trainer.is_global_zero or self.folder is None:
             return
         self.folder.mark_training()
-        if self.resume and (self.folder.path / run_dir.METRICS_FILE).is_file():
-            run_dir.update_metrics(self.folder.path, drop=END_OF_RUN_KEYS)
         if self.config_text is not None:
             run_dir.write_config(self.folder.path, self.config_text)
         data = getattr(trainer.datamodule, "data_sha256", None)
@@ -336,6 +334,9 @@ class LraCLI(LightningCLI):
                 "tested; check --data.batch_size, --trainer.limit_train_batches, --trainer.max_epochs and "
                 "--trainer.max_time"
             )
+        if self._folder is not None and (self._folder.path / run_dir.METRICS_FILE).is_file():
+            # Training ended normally: how an earlier attempt ended no longer applies.
+            run_dir.update_metrics(self._folder.path, drop=END_OF_RUN_KEYS)
         ckpt = trainer.checkpoint_callback  # the first ModelCheckpoint: best by val/acc
         if ckpt is not None and ckpt.best_model_path:
             # Test the best-by-validation checkpoint, not the last weights.

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import REPO, TINY_FIT, assert_one_line_error, run_cli, run_cli_in_process
 
 from lra_cond import run_dir
@@ -214,6 +215,22 @@ CATALOGUE = [
         "seed_everything must be",
     ),
     entry(
+        "compare over a run that stopped before its first checkpoint",
+        [
+            "compare",
+            "--task",
+            "listops",
+            "--inits",
+            "default",
+            "--seeds",
+            "0",
+            *TINY_FIT,
+            "--run_root",
+            "stopped",
+        ],
+        "holds a run that stopped before its first checkpoint (non-finite loss (nan) at step 2): there is",
+    ),
+    entry(
         "report without a folder", ["report"], "the following arguments are required: runs_dir (see: python"
     ),
     entry(
@@ -364,6 +381,17 @@ def workdir(tmp_path_factory, tiny_listops) -> Path:
     shutil.copytree(tiny_listops / "listops/tiny", cwd / "wrong_preset/listops/full")
     old_cache(cwd / "empty_cache", [], [])
     old_cache(cwd / "long_cache", [torch.ones(2100, dtype=torch.int16).numpy()], [1])
+    # A compare run folder that stopped before its first checkpoint (same config as compare's fit).
+    from lra_cond.report.compare import fit_args, resolved_config
+
+    stopped = cwd / "stopped/listops/softmax/default/seed0"
+    config = resolved_config(
+        fit_args("listops", "softmax", "default", 0, [*TINY_FIT, "--run_root", "stopped"])
+    )
+    damaged_run(
+        cwd / "stopped", json.dumps({"stopped": "non-finite loss (nan) at step 2"}), yaml.safe_dump(config)
+    )
+    assert (stopped / "config.yaml").is_file()
     # Run folders whose files were damaged by hand.
     damaged_run(cwd / "damaged_json", "{not json")
     damaged_run(cwd / "damaged_type", json.dumps({"test_acc": "high", "total_steps": 4}))
@@ -584,6 +612,7 @@ def test_a_moved_run_resumes_with_its_best_checkpoint(fitted, monkeypatch, capfd
     follow the folder, and the original run is untouched."""
     shutil.copytree(fitted / RUN, fitted / runs_at("moved"))
     without_test_acc(fitted / runs_at("moved"))
+    run_dir.update_metrics(fitted / runs_at("moved"), stopped="non-finite loss (nan) at step 7")
     original = snapshot(fitted / "runs")
     proc = run_cli_in_process([*RUN_FIT, "--run_root", "moved", *LAST], fitted, monkeypatch, capfd)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -592,8 +621,18 @@ def test_a_moved_run_resumes_with_its_best_checkpoint(fitted, monkeypatch, capfd
     first = json.loads((fitted / RUN / "metrics.json").read_text())
     assert resumed["test_ckpt"] == str(runs_at("moved") / "checkpoints" / best_name(fitted))
     assert resumed["test_acc"] == pytest.approx(first["test_acc"], abs=1e-6)  # the same best checkpoint
+    assert "stopped" not in resumed  # a resumed run has not ended (yet)
+    assert run_dir.RunFolder(fitted / runs_at("moved")).state() is run_dir.State.FINISHED
     assert snapshot(fitted / "runs") == original
     assert not (fitted / runs_at("moved") / run_dir.LOCK_FILE).exists()
+
+
+def test_fast_dev_run_writes_nothing(workdir, monkeypatch, capfd):
+    """A smoke run has no run folder: it used to leave checkpoints/last.ckpt in the working folder."""
+    before = snapshot(workdir)
+    proc = run_cli_in_process([*FIT, "--trainer.fast_dev_run", "true"], workdir, monkeypatch, capfd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert snapshot(workdir) == before
 
 
 def test_a_stale_lock_file_is_not_a_run(fitted, monkeypatch, capfd):
@@ -643,8 +682,6 @@ def test_two_fits_into_one_folder_one_wins(fitted):
 
 
 def yaml_load(path: Path) -> dict:
-    import yaml
-
     return yaml.safe_load(path.read_text())
 
 

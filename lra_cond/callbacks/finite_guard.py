@@ -75,5 +75,6 @@ class FiniteGuard(pl.Callback):
             update_metrics(run_dir_of(trainer), stopped=f"{what} at step {step}")
         raise NonFiniteError(
             f"{what} at training step {step}; stopped before updating the weights; {where}. "
-            "Lower --model.lr (or raise --model.warmup_steps) and start again"
+            "Lower --model.lr (or raise --model.warmup_steps) and start a new run (another --run_root, "
+            "or move this run's folder away)"
         )
