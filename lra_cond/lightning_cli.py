@@ -157,6 +157,11 @@ class LraCLI(LightningCLI):
                     "checkpoint_every must be positive (steps between checkpoints), "
                     f"got {cfg.checkpoint_every}"
                 )
+            if cfg.seed_everything is False:
+                raise UserError(
+                    "fit needs a seed: its run folder is seed<N> (give --seed_everything N, or true for a "
+                    "random one)"
+                )
             root = Path(cfg.run_root)
             if root.exists() and not root.is_dir():
                 raise UserError(f"run_root {root} is not a directory; pass --run_root DIR")

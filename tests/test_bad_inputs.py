@@ -152,6 +152,11 @@ CATALOGUE = [
         "seed above 2**32 - 1", [*FIT, "--seed_everything", "4294967296"], "seed_everything must be in 0.."
     ),
     entry(
+        "fit without a seed",
+        [*FIT, "--seed_everything", "false"],
+        "fit needs a seed: its run folder is seed<N>",
+    ),
+    entry(
         "unknown strategy", [*FIT, "--trainer.strategy", "bogus"], "trainer options: You selected an invalid"
     ),
     entry(
