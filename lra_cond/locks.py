@@ -26,7 +26,7 @@ class LockHeld(Exception):
 
 def _holder(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip() or "x")
+        return int((path.read_text().split() or ["x"])[0])  # the first line; more may follow
     except (OSError, ValueError):
         return None
 

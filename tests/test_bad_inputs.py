@@ -601,7 +601,8 @@ def test_validate_and_test_after_fit_write_nothing(fitted, monkeypatch, capfd):
 
 def test_a_second_writer_is_refused_by_the_lock(fitted, monkeypatch, capfd):
     folder = run_dir.RunFolder(fitted / runs_at("unfinished"))
-    folder.lock()  # as a fit running in another process would
+    folder.lock()  # as a fit running in another process would, once training started
+    folder.mark_training()
     try:
         before = snapshot(fitted)
         proc = run_cli_in_process([*RUN_FIT, "--run_root", "unfinished", *LAST], fitted, monkeypatch, capfd)
@@ -630,6 +631,32 @@ def test_a_moved_run_resumes_with_its_best_checkpoint(fitted, monkeypatch, capfd
     assert run_dir.RunFolder(fitted / runs_at("moved")).state() is run_dir.State.FINISHED
     assert snapshot(fitted / "runs") == original
     assert not (fitted / runs_at("moved") / run_dir.LOCK_FILE).exists()
+
+
+def test_a_lock_held_by_a_killed_process_is_free(tmp_path):
+    """SIGKILL drops the holder's flock: its lock file stays, but the next process takes the lock."""
+    from lra_cond.locks import FileLock, LockHeld
+
+    path = tmp_path / run_dir.LOCK_FILE
+    holder = "import sys, time; from lra_cond.locks import FileLock; FileLock(sys.argv[1]).acquire(); "
+    holder += "print('held', flush=True); time.sleep(600)"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeld) as held:
+            FileLock(path).acquire()
+        assert held.value.pid == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    assert path.exists()  # left behind by the killed holder
+    lock = FileLock(path).acquire()
+    assert path.read_text().split()[0] == str(os.getpid())
+    lock.release()
+    assert not path.exists()
 
 
 def test_fast_dev_run_writes_nothing(workdir, monkeypatch, capfd):
