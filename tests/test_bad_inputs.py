@@ -61,6 +61,17 @@ CATALOGUE = [
         "Parser key \"trainer.max_steps\": Expected a <class 'int'>. Got value: abc (see: python -m lra_cond",
     ),
     entry("misspelt option", [*FIT, "--trainer.max_stepz", "3"], "unrecognized arguments: --trainer.max_st"),
+    entry(
+        "warm-up as long as the run",
+        [*FIT, "--model.warmup_steps", "8"],
+        "model.warmup_steps=8 must be less than the 8 training steps (trainer.max_steps); lower",
+    ),
+    entry(
+        "no step or epoch limit",
+        [*FIT, "--trainer.max_steps", "-1", "--trainer.max_epochs", "-1"],
+        "the lr schedule needs a finite number of training steps",
+    ),
+    entry("unknown schedule", [*FIT, "--model.schedule", "cosine"], "unknown schedule 'cosine'; valid"),
     entry("zero checkpoint cadence", [*FIT, "--checkpoint_every", "0"], "checkpoint_every must be positive"),
     entry("heads do not divide dim", [*FIT, "--model.num_heads", "3"], "num_heads=3 does not divide dim=64"),
     entry(
