@@ -80,6 +80,11 @@ CATALOGUE = [
         "num_landmarks=512 exceeds the sequence length",
         needs("nystrom" in ATTENTIONS, "the nystrom attention"),
     ),
+    entry(
+        "missing study config",
+        ["compare", "--config", "no_such_study.yaml", "--plan"],
+        "no such study config: no_such_study.yaml",
+    ),
     entry("missing source dir", [*PREPARE, "--source", "no/such"], "missing no/such/basic_train.tsv; point"),
     entry(
         "missing data dir (downloaded task)",
