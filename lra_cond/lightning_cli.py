@@ -18,7 +18,7 @@ from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
 from lra_cond.data import LraDataModule
 from lra_cond.errors import UserError
-from lra_cond.models.module import LraModel
+from lra_cond.models.module import LraModel, check_schedule
 
 # A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
 PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
@@ -44,7 +44,7 @@ class LraCLI(LightningCLI):
                         filename="best-step{step}",
                         auto_insert_metric_name=False,
                     ),
-                    LearningRateMonitor(logging_interval="step"),
+                    LearningRateMonitor(logging_interval="step", log_momentum=True),  # lr and beta1
                     RunSummary(),
                     TensorBoardSummary(),
                     RngState(),
@@ -83,6 +83,13 @@ class LraCLI(LightningCLI):
         steps = cfg.trainer.max_steps
         if steps == 0 or steps < -1:
             raise UserError(f"trainer.max_steps must be positive (or -1 for no step limit), got {steps}")
+        # The schedule's length is known here unless max_epochs sets it (then configure_optimizers
+        # checks); refusing now leaves an earlier run's folder untouched.
+        epochs = cfg.trainer.max_epochs
+        if steps != -1:
+            check_schedule(cfg.model.warmup_steps, steps, "trainer.max_steps")
+        elif epochs == -1:
+            check_schedule(cfg.model.warmup_steps, float("inf"), "")
         every = cfg.checkpoint_every
         if every <= 0:
             raise UserError(f"checkpoint_every must be positive (steps between checkpoints), got {every}")

@@ -61,6 +61,17 @@ CATALOGUE = [
         "Parser key \"trainer.max_steps\": Expected a <class 'int'>. Got value: abc (see: python -m lra_cond",
     ),
     entry("misspelt option", [*FIT, "--trainer.max_stepz", "3"], "unrecognized arguments: --trainer.max_st"),
+    entry(
+        "warm-up as long as the run",
+        [*FIT, "--model.warmup_steps", "8"],
+        "model.warmup_steps=8 must be less than the 8 training steps (trainer.max_steps); lower",
+    ),
+    entry(
+        "no step or epoch limit",
+        [*FIT, "--trainer.max_steps", "-1", "--trainer.max_epochs", "-1"],
+        "the lr schedule needs a finite number of training steps",
+    ),
+    entry("unknown schedule", [*FIT, "--model.schedule", "cosine"], "unknown schedule 'cosine'; valid"),
     entry("zero checkpoint cadence", [*FIT, "--checkpoint_every", "0"], "checkpoint_every must be positive"),
     entry("heads do not divide dim", [*FIT, "--model.num_heads", "3"], "num_heads=3 does not divide dim=64"),
     entry(
@@ -68,6 +79,11 @@ CATALOGUE = [
         [*FIT, "--attention", "nystrom", "--model.attention_args", '{"num_landmarks": 512}'],
         "num_landmarks=512 exceeds the sequence length",
         needs("nystrom" in ATTENTIONS, "the nystrom attention"),
+    ),
+    entry(
+        "missing study config",
+        ["compare", "--config", "no_such_study.yaml", "--plan"],
+        "no such study config: no_such_study.yaml",
     ),
     entry("missing source dir", [*PREPARE, "--source", "no/such"], "missing no/such/basic_train.tsv; point"),
     entry(
