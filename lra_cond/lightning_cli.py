@@ -38,7 +38,7 @@ from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load
 from lra_cond.checks import check_model_args, check_seed, check_trainer_args
 from lra_cond.data import LraDataModule
 from lra_cond.errors import UserError
-from lra_cond.models.module import LraModel
+from lra_cond.models.module import LraModel, check_schedule
 
 # A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
 PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
@@ -92,7 +92,7 @@ class LraCLI(LightningCLI):
                         filename="best-step{step}",
                         auto_insert_metric_name=False,
                     ),
-                    LearningRateMonitor(logging_interval="step"),
+                    LearningRateMonitor(logging_interval="step", log_momentum=True),  # lr and beta1
                     RunSummary(),
                     TensorBoardSummary(),
                     RngState(),
@@ -152,6 +152,13 @@ class LraCLI(LightningCLI):
         model = cfg.model
         check_model_args(**{k: model.get(k) for k in inspect.signature(check_model_args).parameters})
         if subcommand == "fit":
+            # The schedule's length is known here unless max_epochs sets it (then configure_optimizers
+            # checks); refusing now leaves an earlier run's folder untouched.
+            steps, epochs = cfg.trainer.max_steps, cfg.trainer.max_epochs
+            if steps != -1:
+                check_schedule(cfg.model.warmup_steps, steps, "trainer.max_steps")
+            elif epochs == -1:
+                check_schedule(cfg.model.warmup_steps, float("inf"), "")
             if cfg.checkpoint_every <= 0:
                 raise UserError(
                     "checkpoint_every must be positive (steps between checkpoints), "

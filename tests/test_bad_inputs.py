@@ -78,6 +78,17 @@ CATALOGUE = [
         "Parser key \"trainer.max_steps\": Expected a <class 'int'>. Got value: abc (see: python -m lra_cond",
     ),
     entry("misspelt option", [*FIT, "--trainer.max_stepz", "3"], "unrecognized arguments: --trainer.max_st"),
+    entry(
+        "warm-up as long as the run",
+        [*FIT, "--model.warmup_steps", "8"],
+        "model.warmup_steps=8 must be less than the 8 training steps (trainer.max_steps); lower",
+    ),
+    entry(
+        "no step or epoch limit",
+        [*FIT, "--trainer.max_steps", "-1", "--trainer.max_epochs", "-1"],
+        "the lr schedule needs a finite number of training steps",
+    ),
+    entry("unknown schedule", [*FIT, "--model.schedule", "cosine"], "unknown schedule 'cosine'; valid"),
     entry("zero checkpoint cadence", [*FIT, "--checkpoint_every", "0"], "checkpoint_every must be positive"),
     entry("heads do not divide dim", [*FIT, "--model.num_heads", "3"], "num_heads=3 does not divide dim=64"),
     entry(
@@ -85,6 +96,11 @@ CATALOGUE = [
         [*FIT, "--attention", "nystrom", "--model.attention_args", '{"num_landmarks": 512}'],
         "num_landmarks=512 exceeds the sequence length",
         needs("nystrom" in ATTENTIONS, "the nystrom attention"),
+    ),
+    entry(
+        "missing study config",
+        ["compare", "--config", "no_such_study.yaml", "--plan"],
+        "no such study config: no_such_study.yaml",
     ),
     entry("missing source dir", [*PREPARE, "--source", "no/such"], "missing no/such/basic_train.tsv; point"),
     entry(
@@ -271,6 +287,12 @@ CATALOGUE = [
         "would run 0 steps; choose --data.batch_size <= 512",
     ),
     entry("zero epochs", [*FIT, "--trainer.max_epochs", "0"], "trainer.max_epochs must be positive"),
+    entry(
+        "warm-up as long as the epochs",
+        [*FIT, "--trainer.max_steps", "-1", "--trainer.max_epochs", "1", "--model.warmup_steps", "16"]
+        + ["--run_root", "fresh"],
+        "model.warmup_steps=16 must be less than the 16 training steps (max_epochs x batches per epoch)",
+    ),
     entry(
         "no training batches",
         [*FIT, "--trainer.limit_train_batches", "0"],
@@ -662,7 +684,9 @@ def test_a_lock_held_by_a_killed_process_is_free(tmp_path):
 def test_fast_dev_run_writes_nothing(workdir, monkeypatch, capfd):
     """A smoke run has no run folder: it used to leave checkpoints/last.ckpt in the working folder."""
     before = snapshot(workdir)
-    proc = run_cli_in_process([*FIT, "--trainer.fast_dev_run", "true"], workdir, monkeypatch, capfd)
+    # One step: the warm-up must be shorter than it (the schedule's own check).
+    args = [*FIT, "--trainer.fast_dev_run", "true", "--model.warmup_steps", "0"]
+    proc = run_cli_in_process(args, workdir, monkeypatch, capfd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert snapshot(workdir) == before
 

@@ -11,19 +11,40 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lra_cond.checks import check_model_args
 from lra_cond.data.tasks import TASKS
+from lra_cond.errors import UserError
 from lra_cond.init import INITS, apply_init
 from lra_cond.models.attention import ATTENTIONS
 from lra_cond.models.encoder import Classifier, EncoderConfig, PairClassifier
 
+SCHEDULES = ("onecycle", "warmup_linear")
+
 
 def warmup_linear(step: int, warmup: int, total: int) -> float:
-    """LR multiplier: linear warm-up to 1 over ``warmup`` steps, then linear anneal to 0 at ``total``.
-
-    The one-cycle-with-linear-anneal shape of the reference, without its beta1 cycling.
-    """
+    """LR multiplier of the ``warmup_linear`` schedule: linear warm-up to 1 over ``warmup`` steps,
+    then linear anneal to 0 at ``total``; betas stay fixed."""
     if step < warmup:
         return (step + 1) / warmup
     return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def check_schedule(warmup_steps: int, total: float, source: str) -> int:
+    """The schedule's length in optimizer steps, or a ``UserError`` if no schedule fits it.
+
+    ``total`` is the number of steps training will run (``inf`` without a step or epoch limit);
+    ``source`` says where it came from, for the message.
+    """
+    if total == float("inf"):
+        raise UserError(
+            "the lr schedule needs a finite number of training steps, but neither trainer.max_steps "
+            "nor trainer.max_epochs limits the run; set --trainer.max_steps N"
+        )
+    total = int(total)
+    if warmup_steps >= total:
+        raise UserError(
+            f"model.warmup_steps={warmup_steps} must be less than the {total} training steps ({source}); "
+            "lower --model.warmup_steps or raise --trainer.max_steps"
+        )
+    return total
 
 
 class LraModel(pl.LightningModule):
@@ -45,9 +66,18 @@ class LraModel(pl.LightningModule):
         max_len: positional table size; default the task's maximum length (the CLI sets it from
             ``data.max_len``).
         lr: peak learning rate.
-        warmup_steps: linear warm-up steps.
+        warmup_steps: steps of the rising part of the schedule; must be less than the training
+            steps (``trainer.max_steps``, or ``max_epochs`` x batches per epoch when it is -1).
+        schedule: the learning-rate schedule, stepped after every optimizer step over the run's
+            training steps T. ``onecycle`` (default; the reference's): torch's ``OneCycleLR(max_lr=lr,
+            total_steps=T, pct_start=warmup_steps / T, anneal_strategy="linear")`` with torch's
+            other defaults: lr rises linearly from lr / 25 at step 0 to lr at step warmup_steps - 1,
+            then falls linearly to lr / 25 / 1e4 at the last step (T - 1), while AdamW's beta1
+            cycles the other way, 0.95 -> 0.85 -> 0.95 (so ``betas[0]`` is not used).
+            ``warmup_linear``: lr rises linearly from lr / warmup_steps at step 0 to lr at step
+            warmup_steps - 1, then falls linearly towards 0 at step T; betas fixed.
         weight_decay: AdamW weight decay.
-        betas: AdamW betas.
+        betas: AdamW betas (with ``schedule=onecycle`` beta1 follows the schedule).
         eps: AdamW epsilon.
     """
 
@@ -67,6 +97,7 @@ class LraModel(pl.LightningModule):
         max_len: int | None = None,
         lr: float = 1e-4,
         warmup_steps: int = 1000,
+        schedule: str = "onecycle",
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
@@ -80,6 +111,8 @@ class LraModel(pl.LightningModule):
             num_heads=num_heads, head_dim=head_dim, weight_decay=weight_decay, betas=betas, eps=eps,
             max_len=max_len,
         )  # fmt: skip
+        if schedule not in SCHEDULES:
+            raise UserError(f"unknown schedule '{schedule}'; valid schedules: {', '.join(SCHEDULES)}")
         self.save_hyperparameters()
         self.cfg = EncoderConfig(
             vocab_size=spec.vocab_size,
@@ -132,8 +165,20 @@ class LraModel(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         opt = self.make_optimizer()
-        total = int(self.trainer.estimated_stepping_batches)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: warmup_linear(step, hp.warmup_steps, total)
-        )
+        # The steps this fit will run: max_steps, or max_epochs x batches per epoch if that is fewer.
+        steps = self.trainer.estimated_stepping_batches
+        source = "trainer.max_steps" if steps == self.trainer.max_steps else "max_epochs x batches per epoch"
+        total = check_schedule(hp.warmup_steps, steps, source)
+        if hp.schedule == "onecycle":
+            sched = torch.optim.lr_scheduler.OneCycleLR(
+                opt,
+                max_lr=hp.lr,
+                total_steps=total,
+                pct_start=hp.warmup_steps / total,
+                anneal_strategy="linear",
+            )
+        else:
+            sched = torch.optim.lr_scheduler.LambdaLR(
+                opt, lambda step: warmup_linear(step, hp.warmup_steps, total)
+            )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

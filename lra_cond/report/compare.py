@@ -1,13 +1,16 @@
 """``python -m lra_cond compare``: fit every (init, seed) in turn as a ``fit`` subprocess, reusing
 finished runs and resuming interrupted ones, then write the report; ``--plan`` prints the commands.
+``--config STUDY.yaml`` reads the same options from a file (see :func:`study_args`).
 
 What a run folder holds, and whether a run is finished, comes from ``lra_cond.run_dir``."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -34,6 +37,55 @@ def _seeds(text: str) -> list[int]:
         return [int(s) for s in _names(text, "seeds")]
     except ValueError:
         raise UserError(f"--seeds must be integers separated by commas, got '{text}'") from None
+
+
+# Keys of a study config (``compare --config FILE``): compare's own options, and ``fit``.
+STUDY_KEYS = ("task", "attention", "inits", "seeds", "run_root", "fit")
+
+
+def _cli_value(value: Any) -> str:
+    """A YAML value as one command-line word, the way LightningCLI parses it back."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def study_args(path: str) -> list[str]:
+    """The compare arguments a study config stands for.
+
+    The file is a YAML mapping of compare's options (``task``, ``attention``, ``inits``, ``seeds`` as
+    lists or comma-separated strings, ``run_root``) and ``fit``: a mapping of fit options without
+    their leading ``--`` (``trainer.max_steps: 5000``), passed to every fit in file order. Arguments
+    given on the command line after it override it.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"no such study config: {path}")
+    try:
+        study = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(study, dict):
+        raise UserError(f"{path}: a study config is a mapping with keys {', '.join(STUDY_KEYS)}")
+    unknown = [k for k in study if k not in STUDY_KEYS]
+    if unknown:
+        raise UserError(f"{path}: unknown key '{unknown[0]}'; valid keys: {', '.join(STUDY_KEYS)}")
+    args: list[str] = []
+    for key in STUDY_KEYS[:-1]:
+        if key in study:
+            value = study[key]
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            args += [f"--{key}", text]
+    fit = study.get("fit") or {}
+    if not isinstance(fit, dict):
+        raise UserError(f"{path}: 'fit' must map fit options to values, e.g. 'trainer.max_steps: 5000'")
+    for key, value in fit.items():
+        args += [f"--{str(key).removeprefix('--')}", _cli_value(value)]
+    return args
 
 
 def fit_args(task: str, attention: str, init: str, seed: int, overrides: list[str]) -> list[str]:
@@ -75,10 +127,22 @@ def compare_main(argv: list[str]) -> None:
     from lra_cond.init import INITS
     from lra_cond.models.attention import ATTENTIONS
 
+    # A study config first, so that the options given on the command line override it.
+    pre = OneLineParser(prog="python -m lra_cond compare", add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", action="append", default=[])
+    known, argv = pre.parse_known_args(argv)
+    if len(known.config) > 1:
+        raise UserError("compare takes one --config study file")
+    argv = [*(study_args(known.config[0]) if known.config else []), *argv]
+
     p = OneLineParser(
         prog="python -m lra_cond compare",
+        usage="%(prog)s [--config STUDY.yaml] --task TASK [options] [fit options]",
         description="Fit each init x seed (reusing finished runs, resuming interrupted ones), then write "
-        "RUN_ROOT/<task>/<attention>/compare/report.md. Other arguments are passed to every fit.",
+        "RUN_ROOT/<task>/<attention>/compare/report.md. Other arguments are passed to every fit. "
+        "--config STUDY.yaml reads these options (task, attention, inits, seeds, run_root) and 'fit:' "
+        "options for every fit from a file, e.g. configs/study-listops-cpu.yaml; the command line "
+        "overrides it. (A fit config file goes in the study file as 'fit: {config: FILE}'.)",
         allow_abbrev=False,
     )
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
