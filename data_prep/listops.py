@@ -212,8 +212,16 @@ def tokenize(source: str) -> np.ndarray:
     return np.array([VOCAB[t] for t in source.split() if t not in PAREN], dtype=np.int16)
 
 
-def read_tsv(path: Path) -> Iterator[tuple[np.ndarray, int]]:
-    """Yield (token ids, label) from one official-format TSV, with file:line on malformed rows."""
+def read_tsv(path: Path, max_len: int | None = None) -> Iterator[tuple[np.ndarray, int]]:
+    """Yield (token ids, label) from one official-format TSV, with file:line on malformed rows.
+
+    A row longer than ``max_len`` tokens (default: the task's maximum, the model's position table)
+    is refused, as is a row with no tokens.
+    """
+    if max_len is None:
+        from lra_cond.data.tasks import TASKS
+
+        max_len = TASKS.get("listops").max_len
     path = Path(path)
     with open(path, newline="") as f:
         for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
@@ -236,6 +244,13 @@ def read_tsv(path: Path) -> Iterator[tuple[np.ndarray, int]]:
                 ids = tokenize(source)
             except KeyError as e:
                 raise UserError(f"{path}:{lineno}: unknown ListOps token {e.args[0]!r}") from None
+            if not len(ids):
+                raise UserError(f"{path}:{lineno}: the expression has no tokens")
+            if len(ids) > max_len:
+                raise UserError(
+                    f"{path}:{lineno}: {len(ids)} tokens, more than ListOps' maximum length {max_len} "
+                    "(the model's position table); shorten or drop the row"
+                )
             yield ids, label
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
 
-from lra_cond.errors import UserError
+from lra_cond.errors import OneLineParser, UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
@@ -80,11 +81,21 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
     return [command, *prefix, *rest]
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that raises ``UserError`` (one line) instead of printing usage and exiting."""
+@contextmanager
+def one_line_argparse_errors() -> Iterator[None]:
+    """Plain ``argparse`` parsers (``bench``'s) raise a one-line ``UserError`` like ``OneLineParser``."""
+    saved = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = OneLineParser.error  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
 
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} (see: {self.prog} --help)")
+
+def parse_error_message(error: Exception, command: str) -> str:
+    """jsonargparse's message spans lines (and would come after a full usage text): one line."""
+    message = " ".join(str(error).split())
+    return f"{message} (see: python -m lra_cond {command} --help)"
 
 
 def prepare_main(argv: list[str]) -> None:
@@ -112,6 +123,7 @@ def prepare_main(argv: list[str]) -> None:
 
 def run_lightning(argv: list[str]) -> None:
     from jsonargparse import ArgumentError
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     from lra_cond.lightning_cli import LraCLI
 
@@ -121,9 +133,9 @@ def run_lightning(argv: list[str]) -> None:
     try:
         LraCLI()
     except ArgumentError as e:
-        # jsonargparse's message spans lines (and would come after a full usage text): one line.
-        message = " ".join(str(e).split())
-        raise UserError(f"{message} (see: python -m lra_cond {argv[0]} --help)") from None
+        raise UserError(parse_error_message(e, argv[0])) from None
+    except MisconfigurationException as e:  # Lightning's own "bad option" errors
+        raise UserError(" ".join(str(e).split())) from None
     finally:
         sys.argv = saved
 
@@ -139,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         elif argv[0] == "bench":
             from lra_cond.bench import bench_main
 
-            bench_main(argv[1:])
+            with one_line_argparse_errors():
+                bench_main(argv[1:])
         elif argv[0] == "compare":
             from lra_cond.report.compare import compare_main
 

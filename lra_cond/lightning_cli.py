@@ -1,41 +1,89 @@
 """The LightningCLI subclass behind ``fit``/``validate``/``test``: run folders, default callbacks,
-resumable checkpoints, and testing the best checkpoint after ``fit``."""
+resumable checkpoints, and testing the best checkpoint after ``fit``.
+
+What the commands may write (``lra_cond.run_dir`` owns the folder):
+
+- ``fit`` writes one run folder, ``<run_root>/<task>/<attention>/<init>/seed<k>/``, and holds its
+  lock while it runs, so a second ``fit`` into the same folder is refused. It starts only in a folder
+  that holds no run; ``--ckpt_path last`` resumes the folder's own unfinished run when the command
+  matches it (``run_dir.RESUME_MAY_CHANGE`` lists what a resume may change; the model's options are
+  also checked against the checkpoint). ``config.yaml`` is written once, when a new run starts
+  training. A ``fit`` that fails before training removes what it created.
+- ``validate`` and ``test`` write nothing: they print their results. Their ``--ckpt_path`` (a file,
+  or ``last`` for the run folder of the given options) must match the command's model options.
+- Every option's range is checked before anything is built (``lra_cond.checks``).
+"""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+import yaml
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
 
+from lra_cond import run_dir
 from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
+from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load_checkpoint
+from lra_cond.checks import check_model_args, check_seed, check_trainer_args
 from lra_cond.data import LraDataModule
 from lra_cond.errors import UserError
 from lra_cond.models.module import LraModel, check_schedule
 
 # A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
 PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
+# Lightning's special --ckpt_path values other than "last" name checkpoints of the running process.
+LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")
+# Keys of metrics.json that describe how a run ended: a resumed run has not ended yet.
+END_OF_RUN_KEYS = ("stopped", "test_acc", "test_ckpt")
 
 
-def run_name(task: str, attention: str, init: str) -> str:
-    return f"{task}/{attention}/{init}"
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+class RunStart(pl.Callback):
+    """When a ``fit`` starts training (rank zero): writes ``config.yaml`` and the data checksum of a
+    new run, and marks in the lock file that training started."""
+
+    def __init__(self) -> None:
+        self.folder: run_dir.RunFolder | None = None
+        self.config_text: str | None = None
+        self.resume = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or self.folder is None:
+            return
+        self.folder.mark_training()
+        if self.config_text is not None:
+            run_dir.write_config(self.folder.path, self.config_text)
+        data = getattr(trainer.datamodule, "data_sha256", None)
+        if not self.resume and data:
+            run_dir.update_metrics(self.folder.path, data_sha256=data)
 
 
 class LraCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None) -> None:
+        self._folder: run_dir.RunFolder | None = None  # the locked run folder (fit, rank zero)
+        self._resume: dict[str, Any] | None = None  # the checkpoint fit resumes from
+        self._note: str | None = None
+        self._run_start = RunStart()
         super().__init__(
             LraModel,
             LraDataModule,
             seed_everything_default=0,
             auto_configure_optimizers=False,  # LraModel configures AdamW + its schedule
-            save_config_kwargs={"overwrite": True},
+            save_config_callback=None,  # config.yaml is written by RunStart, once
             trainer_defaults={
                 "callbacks": [
                     ModelCheckpoint(
@@ -75,59 +123,232 @@ class LraCLI(LightningCLI):
         # (None on both sides = the task's maximum).
         parser.link_arguments("data.max_len", "model.max_len")
 
-    def before_instantiate_classes(self) -> None:
-        if self.subcommand != "fit":
+    # --- checks on the parsed config, before anything is built -------------------------------------
+
+    @staticmethod
+    def run_path(cfg: Any) -> Path:
+        return run_dir.run_path(
+            cfg.run_root, cfg.data.task, cfg.model.attention, cfg.model.init, cfg.seed_everything
+        )
+
+    def resolved_config_text(self, subcommand: str = "fit") -> str:
+        """The resolved config as ``config.yaml`` holds it (``compare`` compares run folders with it)."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._parser(subcommand).dump(self.config[subcommand], skip_none=False)
+
+    def _parse_ckpt_path(self) -> None:
+        """Replaces Lightning's version, which overwrote the command's model options with the
+        checkpoint's: check the options, then that ``--ckpt_path`` matches the command."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
             return
-        cfg = self.config[self.subcommand]
-        # -1 is Lightning's "no step limit" (max_epochs then ends the run); 0 would train nothing.
-        steps = cfg.trainer.max_steps
-        if steps == 0 or steps < -1:
-            raise UserError(f"trainer.max_steps must be positive (or -1 for no step limit), got {steps}")
-        # The schedule's length is known here unless max_epochs sets it (then configure_optimizers
-        # checks); refusing now leaves an earlier run's folder untouched.
-        epochs = cfg.trainer.max_epochs
-        if steps != -1:
-            check_schedule(cfg.model.warmup_steps, steps, "trainer.max_steps")
-        elif epochs == -1:
-            check_schedule(cfg.model.warmup_steps, float("inf"), "")
-        every = cfg.checkpoint_every
-        if every <= 0:
-            raise UserError(f"checkpoint_every must be positive (steps between checkpoints), got {every}")
+        cfg = self.config[subcommand]
+        check_seed(cfg.seed_everything)
+        check_trainer_args(cfg.trainer, fit=subcommand == "fit")
+        # LraModel checks the same (for library use); here they also stop compare before any run.
+        model = cfg.model
+        check_model_args(**{k: model.get(k) for k in inspect.signature(check_model_args).parameters})
+        if subcommand == "fit":
+            # The schedule's length is known here unless max_epochs sets it (then configure_optimizers
+            # checks); refusing now leaves an earlier run's folder untouched.
+            steps, epochs = cfg.trainer.max_steps, cfg.trainer.max_epochs
+            if steps != -1:
+                check_schedule(cfg.model.warmup_steps, steps, "trainer.max_steps")
+            elif epochs == -1:
+                check_schedule(cfg.model.warmup_steps, float("inf"), "")
+            if cfg.checkpoint_every <= 0:
+                raise UserError(
+                    "checkpoint_every must be positive (steps between checkpoints), "
+                    f"got {cfg.checkpoint_every}"
+                )
+            if cfg.seed_everything is False:
+                raise UserError(
+                    "fit needs a seed: its run folder is seed<N> (give --seed_everything N, or true for a "
+                    "random one)"
+                )
+            root = Path(cfg.run_root)
+            if root.exists() and not root.is_dir():
+                raise UserError(f"run_root {root} is not a directory; pass --run_root DIR")
+            if cfg.trainer.logger not in (None, True):
+                raise UserError(
+                    "fit writes its run folder through its own TensorBoard logger: leave out "
+                    "--trainer.logger (choose the folder with --run_root)"
+                )
+        self._check_checkpoint(subcommand, cfg)
+
+    def _check_checkpoint(self, subcommand: str, cfg: Any) -> None:
+        path = cfg.get("ckpt_path")
+        if path is None:
+            return
+        if path in LIGHTNING_CKPT_NAMES or str(path).startswith("registry:"):
+            raise UserError(
+                f"--ckpt_path {path} is not supported; give a .ckpt file, or 'last' for the last checkpoint "
+                "of the run folder these options name"
+            )
+        if path == "last":
+            if isinstance(cfg.seed_everything, bool):
+                raise UserError("--ckpt_path last needs the run's seed: give --seed_everything N")
+            last = run_dir.last_checkpoint(self.run_path(cfg))
+            if not last.is_file():
+                if subcommand != "fit":
+                    raise UserError(
+                        f"--ckpt_path last: there is no {last}; give the options of the run to "
+                        f"{subcommand} (task, attention, init, seed, --run_root), or a checkpoint file"
+                    )
+                self._note = f"no {last} yet: starting this run from scratch"
+                cfg.ckpt_path = None
+                return
+            path = cfg.ckpt_path = str(last)
+        ckpt = load_checkpoint(path)
+        defaults = {
+            k: p.default for k, p in inspect.signature(LraModel.__init__).parameters.items() if k != "self"
+        }
+        diff = hparams_differences(ckpt["hyper_parameters"], cfg.model.as_dict(), defaults)
+        if diff:
+            hint = "give the run's own options" + (
+                ", or leave out --ckpt_path to start a new run" if subcommand == "fit" else ""
+            )
+            raise UserError(
+                f"--ckpt_path {path} was trained with other model options than this command: "
+                f"{'; '.join(diff)}; {hint}"
+            )
+        if subcommand == "fit":
+            self._resume = {"path": path, "step": ckpt.get("global_step"), "best": best_checkpoint_name(ckpt)}
+
+    # --- the trainer --------------------------------------------------------------------------------
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         cfg = self.config[self.subcommand]
-        if cfg.trainer.logger in (None, True):
+        if self.subcommand == "fit":
             # One folder per run: runs/<task>/<attention>/<init>/seed<k>/ (TensorBoard overlays inits).
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=cfg.run_root,
-                name=run_name(cfg.data.task, cfg.model.attention, cfg.model.init),
-                version=f"seed{cfg.seed_everything}",
+                name=run_dir.run_name(cfg.data.task, cfg.model.attention, cfg.model.init),
+                version=run_dir.seed_name(cfg.seed_everything),
                 default_hp_metric=False,
             )
-        if self.subcommand == "fit":
-            # After the best-by-validation ModelCheckpoint, so last.ckpt holds its updated state.
-            resume = ResumeCheckpoint(every_n_train_steps=cfg.checkpoint_every)
-            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], resume]
-        return super().instantiate_trainer(**kwargs)
+            extra: list[pl.Callback] = [self._run_start]
+            if not cfg.trainer.fast_dev_run:  # a smoke run writes no checkpoint (it has no run folder)
+                # After the best-by-validation ModelCheckpoint, so last.ckpt holds its updated state.
+                extra.insert(0, ResumeCheckpoint(every_n_train_steps=cfg.checkpoint_every))
+            self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], *extra]
+        elif cfg.trainer.logger is None:
+            kwargs["logger"] = False  # validate/test print their results and write no run folder
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ValueError) as e:
+            raise UserError(f"trainer options: {one_line(e)}") from None
+
+    # --- fit: the run folder ------------------------------------------------------------------------
 
     def before_fit(self) -> None:
-        """``--ckpt_path last`` means this run folder's checkpoints/last.ckpt; say what happens."""
-        cfg = self.config_init[self.subcommand]
-        if cfg.ckpt_path != "last" or not self.trainer.log_dir:
-            return
-        last = Path(self.trainer.log_dir) / "checkpoints" / "last.ckpt"
+        """Lock the run folder and decide: a new run, or a resume of this folder's own run."""
+        if self.trainer.fast_dev_run or not self.trainer.is_global_zero:
+            return  # fast_dev_run writes no run folder; rank zero alone decides and writes
+        # The data first (checked, or generated when missing), as fit itself would: a data error is
+        # reported before the run folder is looked at. Lightning's own call then finds it loaded.
+        self.datamodule.prepare_data()
+        folder = run_dir.RunFolder(self.run_path(self.config["fit"]))
+        folder.lock()
+        self._folder = folder
+        try:
+            self._start(folder)
+        except BaseException:
+            self._release(failed=True)
+            raise
+
+    def _start(self, folder: run_dir.RunFolder) -> None:
+        mine = yaml.safe_load(self.resolved_config_text())
+        state = folder.state()
         console = Console(stderr=True)
-        if last.is_file():
-            console.print(f"resuming from {last}")
-            cfg.ckpt_path = str(last)
+        if self._resume is None:
+            if state is not run_dir.State.EMPTY:
+                raise UserError(self._occupied(folder, state, mine))
+            if self._note:
+                console.print(f"[yellow]note:[/] {self._note}")
+            self._run_start.folder, self._run_start.config_text = folder, self.resolved_config_text()
+            return
+        path = Path(self._resume["path"])
+        if path.resolve() != folder.last_checkpoint.resolve():
+            raise UserError(
+                f"--ckpt_path {path}: fit resumes a run from its own {run_dir.LAST_CHECKPOINT} "
+                f"({folder.last_checkpoint}); give the options of the run that wrote {path.name} "
+                "(--run_root, --attention, --init, --seed_everything) and --ckpt_path last, or evaluate it "
+                "with validate/test"
+            )
+        if state is run_dir.State.FINISHED:
+            raise UserError(
+                f"{folder.path} holds {folder.describe()}: there is nothing to resume; to train longer or "
+                "differently start a new run elsewhere with --run_root DIR"
+            )
+        theirs = folder.config
+        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE) if theirs else []
+        if diff:
+            raise UserError(
+                f"cannot resume {folder.path}: this command changes {', '.join(diff)}, which a resume may "
+                "not change; give the run's own options, or start a new run elsewhere with --run_root DIR"
+            )
+        started_with, now = folder.metrics.get("data_sha256"), getattr(self.datamodule, "data_sha256", None)
+        if started_with and now and started_with != now:
+            raise UserError(
+                f"cannot resume {folder.path}: the prepared data at {self.datamodule.path} is not the data "
+                "this run started with (it was prepared again since, from another seed or source); restore "
+                "that data, or start a new run elsewhere with --run_root DIR"
+            )
+        best = self._resume["best"]
+        if best and not (folder.path / run_dir.CHECKPOINT_DIR / best).is_file():
+            raise UserError(
+                f"cannot resume {folder.path}: its best checkpoint {best} (recorded in {path.name}) is not "
+                f"in {folder.path / run_dir.CHECKPOINT_DIR}; move or copy the whole run folder, not single "
+                "files"
+            )
+        console.print(f"resuming from {path}")
+        self._run_start.folder, self._run_start.resume = folder, True
+        self._run_start.config_text = None if theirs else self.resolved_config_text()
+
+    def _occupied(self, folder: run_dir.RunFolder, state: run_dir.State, mine: dict[str, Any]) -> str:
+        """The refusal of a new run in a folder that holds one."""
+        theirs = folder.config
+        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE) if theirs else []
+        what = folder.describe() + (f", with other options ({', '.join(diff)})" if diff else "")
+        elsewhere = "start this run elsewhere with --run_root DIR (or move the folder away)"
+        if state is run_dir.State.UNFINISHED:
+            how = f"resume it with --ckpt_path last (and its own options), or {elsewhere}"
+        elif state is run_dir.State.FINISHED:
+            how = f"to keep it, {elsewhere}"
         else:
-            console.print(f"[yellow]note:[/] no {last} yet: starting this run from scratch")
-            cfg.ckpt_path = None
+            how = f"nothing to resume with --ckpt_path last; {elsewhere}"
+        return f"{folder.path} already holds {what}; {how}"
+
+    def _release(self, failed: bool) -> None:
+        folder, self._folder = self._folder, None
+        if folder is not None:
+            folder.unlock(discard_new_files=failed and not folder.training_started())
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            self._release(failed=True)
+            raise
+        self._release(failed=False)
 
     def after_fit(self) -> None:
         trainer = self.trainer
         if trainer.fast_dev_run or trainer.interrupted:
             return
+        if trainer.global_step == 0:
+            raise UserError(
+                "the run trained 0 steps (no training batch was drawn), so it is not finished and was not "
+                "tested; check --data.batch_size, --trainer.limit_train_batches, --trainer.max_epochs and "
+                "--trainer.max_time"
+            )
+        if self._folder is not None and (self._folder.path / run_dir.METRICS_FILE).is_file():
+            # Training ended normally: how an earlier attempt ended no longer applies.
+            run_dir.update_metrics(self._folder.path, drop=END_OF_RUN_KEYS)
         ckpt = trainer.checkpoint_callback  # the first ModelCheckpoint: best by val/acc
         if ckpt is not None and ckpt.best_model_path:
             # Test the best-by-validation checkpoint, not the last weights.

@@ -12,8 +12,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lra_cond.callbacks.metrics_file import read_metrics, run_dir_of, update_metrics
 from lra_cond.errors import UserError
+from lra_cond.run_dir import read_metrics, run_dir_of, update_metrics
 
 
 class EpochsToTarget(pl.Callback):

@@ -13,8 +13,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 from lra_cond.errors import UserError
+from lra_cond.run_dir import run_dir_of, update_metrics
 
 
 class NonFiniteError(UserError):
@@ -75,5 +75,6 @@ class FiniteGuard(pl.Callback):
             update_metrics(run_dir_of(trainer), stopped=f"{what} at step {step}")
         raise NonFiniteError(
             f"{what} at training step {step}; stopped before updating the weights; {where}. "
-            "Lower --model.lr (or raise --model.warmup_steps) and start again"
+            "Lower --model.lr (or raise --model.warmup_steps) and start a new run (another --run_root, "
+            "or move this run's folder away)"
         )

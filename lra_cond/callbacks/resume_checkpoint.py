@@ -8,14 +8,21 @@ When a checkpoint step is also a validation step, ``last.ckpt`` is written again
 validation. Resuming from the pre-validation file would make Lightning skip that validation (it
 counts it as done), losing its entry in the validation history and its chance to be the best.
 Files are written atomically by Lightning, so a kill during a save leaves the previous one intact.
+
+A run folder that was moved (another ``--run_root``) is resumed in its new place: before any
+callback state is loaded, the checkpoint's paths are pointed at this folder, so the best checkpoint
+and its score survive the move.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lra_cond.checkpoints import relocate_callback_paths
 
 
 class ResumeCheckpoint(ModelCheckpoint):
@@ -29,3 +36,10 @@ class ResumeCheckpoint(ModelCheckpoint):
         if trainer.global_step > 0 and trainer.global_step % self.every == 0:
             path = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
             trainer.save_checkpoint(path)
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Every callback's on_load_checkpoint runs before any callback's load_state_dict.
+        if self.dirpath:
+            relocate_callback_paths(checkpoint, self.dirpath)

@@ -7,7 +7,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
+from lra_cond.run_dir import run_dir_of, update_metrics
 
 
 class RunSummary(pl.Callback):

@@ -11,7 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lra_cond.callbacks.metrics_file import read_metrics, run_dir_of
+from lra_cond.run_dir import read_metrics, run_dir_of
 
 # Regexes are allowed in custom-scalar "Multiline" charts: every layer's tag lands in one chart.
 LAYOUT = {

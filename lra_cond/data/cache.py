@@ -8,6 +8,12 @@ it marks a complete cache) records the source, generator parameters and seed, sp
 size and sha256 of every file; loading checks the sizes always and the checksums on first use and
 whenever a file's size or mtime changed (``verified.json`` remembers the last full check), so a
 truncated or altered cache is reported with the exact ``prepare`` command that rebuilds it.
+
+A cache is replaced only by a good one: splits are checked (none empty, every sequence within the
+task's length and vocabulary, every label a class) before anything is written. Writers of one
+``<task>/<preset>`` serialise on an ``flock`` (``<data_dir>/<task>/<preset>/.lock``); loading takes it
+shared, so a cache is never read while it is being swapped. Loading also checks the manifest's task
+and preset, so a cache copied to the wrong place is refused.
 """
 
 from __future__ import annotations
@@ -15,20 +21,36 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, load_from_disk
 
 from lra_cond.errors import UserError
+from lra_cond.locks import FileLock
 
 MANIFEST = "manifest.json"
 VERIFIED = "verified.json"  # {file: [size, mtime_ns]} of the last full checksum pass
+LOCK = ".lock"
+SPLITS = ("train", "val", "test")
 _HASH_BUFFER = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the model can take: sequences of 0..max_len ids below vocab_size, labels below num_classes."""
+
+    max_len: int
+    vocab_size: int
+    num_classes: int
 
 
 def default_data_dir() -> Path:
@@ -41,6 +63,44 @@ def task_dir(data_dir: str | Path, task: str, preset: str) -> Path:
 
 def prepared_dir(data_dir: str | Path, task: str, preset: str) -> Path:
     return task_dir(data_dir, task, preset) / "prepared"
+
+
+@contextmanager
+def locked(
+    data_dir: str | Path, task: str, preset: str, shared: bool = False, on_wait: Callable | None = None
+) -> Iterator[None]:
+    """Hold the ``<task>/<preset>`` cache lock: exclusive to write, shared to read (waits for a holder).
+
+    A writer creates the lock file (``<data_dir>/<task>/<preset>/.lock``) and removes it when done,
+    as it does the folders it made for nothing (a failed prepare leaves no trace). Readers write
+    nothing: where there is no lock file no writer is at work, and where it cannot be opened (a
+    read-only copy) they read without it.
+    """
+    folder = task_dir(data_dir, task, preset)
+    lock = FileLock(folder / LOCK, shared=shared, create=not shared)
+    made = []
+    if not shared:
+        p = folder
+        while not p.exists():
+            made.append(p)
+            p = p.parent
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        lock.acquire(blocking=True, on_wait=on_wait)
+    except OSError:
+        if not shared:
+            raise
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+        for d in made:  # deepest first; stops at the first that is not empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def ragged(seqs: Sequence[np.ndarray]) -> pa.Array:
@@ -78,15 +138,74 @@ def _data_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip)
 
 
-def save_prepared(out: Path, splits: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> Path:
-    """Write splits atomically to ``out`` (a ``prepared`` directory) with a manifest."""
+def check_tables(tables: dict[str, pa.Table], limits: Limits, source: str) -> None:
+    """Refuse splits a run cannot use: a missing or empty split, a sequence longer than the model's
+    position table, a token id outside the vocabulary, a label that is not a class."""
+
+    def refuse(what: str) -> UserError:
+        return UserError(f"{source}: {what}; nothing was written (an existing cache is unchanged)")
+
+    for split in SPLITS:
+        if split not in tables or tables[split].num_rows == 0:
+            raise refuse(f"the {split} split is empty (0 examples): a run could not train or evaluate on it")
+    for split, table in tables.items():
+        for name in table.column_names:
+            column = table.column(name)
+            if name.startswith("length"):
+                longest = pc.max(column).as_py()
+                if longest is not None and longest > limits.max_len:
+                    i = pc.index(column, longest).as_py()
+                    raise refuse(
+                        f"example {i} of the {split} split has {longest} tokens, more than the task's "
+                        f"maximum length {limits.max_len} (the model's position table)"
+                    )
+            elif name.startswith("input_ids"):
+                low, high = pc.min_max(pc.list_flatten(column)).values()
+                if low.as_py() is not None and (low.as_py() < 0 or high.as_py() >= limits.vocab_size):
+                    bad = low.as_py() if low.as_py() < 0 else high.as_py()
+                    raise refuse(
+                        f"the {split} split holds token id {bad}, outside the vocabulary "
+                        f"0..{limits.vocab_size - 1}"
+                    )
+            elif name == "label":
+                low, high = pc.min_max(column).values()
+                if low.as_py() < 0 or high.as_py() >= limits.num_classes:
+                    bad = low.as_py() if low.as_py() < 0 else high.as_py()
+                    raise refuse(
+                        f"the {split} split holds label {bad}, not a class 0..{limits.num_classes - 1}"
+                    )
+
+
+def recover(out: Path) -> None:
+    """A prepare killed between its two renames (``out`` -> ``.old``, ``.tmp`` -> ``out``) left the
+    previous good cache in ``.old``: put it back. The caller holds the cache lock."""
     out = Path(out)
+    old = out.with_name(out.name + ".old")
+    if not is_prepared(out) and is_prepared(old):
+        if out.exists():
+            shutil.rmtree(out)
+        old.rename(out)
+
+
+def save_prepared(
+    out: Path, splits: dict[str, dict[str, Any]], manifest: dict[str, Any], limits: Limits | None = None
+) -> Path:
+    """Write splits atomically to ``out`` (a ``prepared`` directory) with a manifest.
+
+    With ``limits``, the splits are checked first (``check_tables``): a bad source replaces nothing.
+    The caller holds the cache lock (``TaskSpec.prepare`` does).
+    """
+    out = Path(out)
+    tables = {name: _table(cols) for name, cols in splits.items()}
+    if limits is not None:
+        check_tables(tables, limits, f"source {manifest.get('source', '?')}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    recover(out)
     tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
     for stale in (tmp, old):  # left by an earlier interrupted prepare
         if stale.exists():
             shutil.rmtree(stale)
-    dd = DatasetDict({name: Dataset(_table(cols)) for name, cols in splits.items()})
+    dd = DatasetDict({name: Dataset(table) for name, table in tables.items()})
     dd.save_to_disk(str(tmp))
     sizes = {name: len(ds) for name, ds in dd.items()}
     files = {
@@ -116,12 +235,14 @@ def _stamp(root: Path, files: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def exact_prepare_command(manifest: dict[str, Any], hint: str) -> str:
-    """``hint`` plus the ``--source``/``--seed`` recorded in the manifest, so a rebuild is identical."""
+    """``hint`` (a shell command) plus the ``--source``/``--seed`` recorded in the manifest, so a
+    rebuild is identical; every added word is shell-quoted."""
     source = manifest.get("source")  # a path, or "generated" / "fixture" / "hub:<id>"
-    if isinstance(source, str) and os.path.isabs(source) and "--source" not in hint:
-        hint += f" --source {source}"
-    if "seed" in manifest and "--seed" not in hint:
-        hint += f" --seed {manifest['seed']}"
+    words = shlex.split(hint)
+    if isinstance(source, str) and os.path.isabs(source) and "--source" not in words:
+        hint += f" --source {shlex.quote(source)}"
+    if "seed" in manifest and "--seed" not in words:
+        hint += f" --seed {shlex.quote(str(manifest['seed']))}"
     return hint
 
 
@@ -160,7 +281,46 @@ def is_prepared(path: Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def load_prepared(path: Path, prepare_hint: str) -> DatasetDict:
+def check_manifest(
+    path: Path, manifest: dict[str, Any], command: str, task: str | None, preset: str | None
+) -> None:
+    """The manifest belongs here (task and preset) and no split is empty."""
+    if not isinstance(manifest, dict):
+        raise UserError(f"prepared data at {path} has a corrupt {MANIFEST}; re-run: {command}")
+    for key, want in (("task", task), ("preset", preset)):
+        have = manifest.get(key)
+        if want is not None and have is not None and have != want:
+            raise UserError(
+                f"prepared data at {path} was built for {key} {have!r} (its {MANIFEST}), not {want!r}: it "
+                f"was copied or moved to the wrong folder; re-run: {command}"
+            )
+    for split, size in (manifest.get("sizes") or {}).items():
+        if not size:
+            raise UserError(
+                f"prepared data at {path} has an empty {split} split (0 examples); re-run: {command}"
+            )
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / MANIFEST).read_text())
+
+
+def data_sha256(manifest: dict[str, Any]) -> str:
+    """One checksum of a cache's content (over its files' checksums): equal for byte-identical data
+    wherever it lives, different after a rebuild from another seed or source."""
+    files = {name: info.get("sha256") for name, info in (manifest.get("files") or {}).items()}
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def load_prepared(
+    path: Path,
+    prepare_hint: str,
+    task: str | None = None,
+    preset: str | None = None,
+    limits: Limits | None = None,
+) -> DatasetDict:
+    """Load a prepared cache after checking it (manifest, sizes, checksums; with ``limits``, that its
+    sequences fit the model). ``prepare_hint`` is the shell command that builds it."""
     path = Path(path)
     if not is_prepared(path):
         raise UserError(f"no prepared data at {path}; run: {prepare_hint}")
@@ -168,10 +328,19 @@ def load_prepared(path: Path, prepare_hint: str) -> DatasetDict:
         manifest = json.loads((path / MANIFEST).read_text())
     except ValueError:
         raise UserError(f"prepared data at {path} has a corrupt {MANIFEST}; re-run: {prepare_hint}") from None
+    command = exact_prepare_command(manifest, prepare_hint) if isinstance(manifest, dict) else prepare_hint
+    check_manifest(path, manifest, command, task, preset)
     verify_prepared(path, manifest, prepare_hint)
     try:
-        return load_from_disk(str(path))
+        dd = load_from_disk(str(path))
     except Exception as e:  # corrupt Arrow files surface as many exception types
         reason = " ".join(str(e).split())[:200]
-        command = exact_prepare_command(manifest, prepare_hint)
         raise UserError(f"prepared data at {path} is unreadable ({reason}); re-run: {command}") from None
+    if limits is not None:
+        # A cache written before these checks existed may hold what the model cannot take.
+        try:
+            check_tables({name: ds.data.table for name, ds in dd.items()}, limits, f"prepared data at {path}")
+        except UserError as e:
+            message = str(e).split("; nothing was written")[0]
+            raise UserError(f"{message}; re-run: {command}") from None
+    return dd

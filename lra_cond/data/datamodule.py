@@ -104,12 +104,36 @@ class LraDataModule(pl.LightningDataModule):
             command = self.spec.prepare_command(self.data_dir, self.preset)
             raise UserError(f"no prepared data at {self.path}; run: {command}")
         Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
-        self.spec.prepare(self.data_dir, self.preset, seed=self.seed)
+        # if_missing: when several runs start at once, one generates and the others wait for it.
+        self.spec.prepare(self.data_dir, self.preset, seed=self.seed, if_missing=True)
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is None:
             hint = self.spec.prepare_command(self.data_dir, self.preset)
-            self.splits = cache.load_prepared(self.path, hint).with_format("numpy")
+            with cache.locked(self.data_dir, self.task, self.preset, shared=True, on_wait=self._waiting):
+                dd = cache.load_prepared(self.path, hint, self.task, self.preset, self.spec.limits)
+                # What a run records of its data, and a resume checks.
+                self.data_sha256: str = cache.data_sha256(cache.read_manifest(self.path))
+            self.splits = dd.with_format("numpy")
+        if stage == "fit":
+            self._check_batches()
+
+    def _waiting(self, pid: int | None) -> None:
+        who = f" (pid {pid})" if pid else ""
+        Console(stderr=True).print(f"waiting for a prepare of {self.path}{who} to finish")
+
+    def _check_batches(self) -> None:
+        """Training drops the last partial batch: a split smaller than a batch would train 0 steps."""
+        trainer = getattr(self, "trainer", None)
+        world = trainer.world_size if trainer is not None else 1
+        n = len(self.splits["train"])
+        if n // world < self.batch_size:
+            per = f" ({n // world} per process on {world})" if world > 1 else ""
+            raise UserError(
+                f"data.batch_size {self.batch_size} is larger than the train split of {self.task} "
+                f"({self.preset}): {n} examples{per}, so training would run 0 steps; choose "
+                f"--data.batch_size <= {n // world}"
+            )
 
     def _loader(self, split: str, sampler: EpochShuffleSampler | None = None) -> DataLoader:
         # Whole batches come from the Arrow columns at once (PackedSplit.__getitems__).

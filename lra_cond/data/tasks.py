@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,14 @@ class TaskSpec:
         """Whether ``preset`` can be built here without a downloaded source."""
         return self.generated or preset in self.fixture_presets
 
+    @property
+    def limits(self) -> cache.Limits:
+        return cache.Limits(max_len=self.max_len, vocab_size=self.vocab_size, num_classes=self.num_classes)
+
     def prepare_command(self, data_dir: str | Path, preset: str) -> str:
-        return f"python -m lra_cond prepare --task {self.name} --preset {preset} --data-dir {data_dir}"
+        """The shell command (quoted) that builds this task's cache for ``preset`` in ``data_dir``."""
+        words = ["python", "-m", "lra_cond", "prepare", "--task", self.name, "--preset", preset]
+        return shlex.join([*words, "--data-dir", str(data_dir)])
 
     def prepare(
         self,
@@ -40,18 +47,38 @@ class TaskSpec:
         source: str | Path | None = None,
         seed: int = 0,
         workers: int | None = None,
+        if_missing: bool = False,
     ) -> Path:
+        """Build the cache (under the cache lock: concurrent prepares of one cache take turns).
+
+        ``if_missing``: a cache another process finished while this one waited is kept as it is
+        (``fit`` generating missing data); otherwise the cache is rebuilt.
+        """
+        from rich.console import Console
+
         from lra_cond.errors import UserError
 
         if preset not in self.presets:
             raise UserError(
                 f"unknown preset '{preset}' for task {self.name}; valid presets: {', '.join(self.presets)}"
             )
+        if workers is not None and workers < 1:
+            raise UserError(f"--workers must be >= 1 (generator processes), got {workers}")
         out = cache.task_dir(data_dir, self.name, preset)
-        workers = workers or min(os.cpu_count() or 1, 8)
-        splits, manifest = self.prepare_fn()(out, preset, Path(source) if source else None, seed, workers)
-        manifest = {"task": self.name, "preset": preset, **manifest}
-        return cache.save_prepared(cache.prepared_dir(data_dir, self.name, preset), splits, manifest)
+        prepared = cache.prepared_dir(data_dir, self.name, preset)
+
+        def waiting(pid: int | None) -> None:
+            who = f" (pid {pid})" if pid else ""
+            Console(stderr=True).print(f"waiting for another prepare of {out}{who} to finish")
+
+        with cache.locked(data_dir, self.name, preset, on_wait=waiting):
+            cache.recover(prepared)
+            if if_missing and cache.is_prepared(prepared):
+                return prepared
+            workers = workers or min(os.cpu_count() or 1, 8)
+            splits, manifest = self.prepare_fn()(out, preset, Path(source) if source else None, seed, workers)
+            manifest = {"task": self.name, "preset": preset, **manifest}
+            return cache.save_prepared(prepared, splits, manifest, limits=self.limits)
 
 
 TASKS: Registry[TaskSpec] = Registry("task")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from lra_cond.checks import check_model_args
 from lra_cond.data.tasks import TASKS
 from lra_cond.errors import UserError
 from lra_cond.init import INITS, apply_init
@@ -105,11 +106,11 @@ class LraModel(pl.LightningModule):
         spec = TASKS.get(task)
         ATTENTIONS.get(attention)
         INITS.get(init)
-        for name, value in (("lr", lr), ("dim", dim), ("depth", depth), ("mlp_dim", mlp_dim)):
-            if value <= 0:
-                raise UserError(f"model.{name} must be positive, got {value}")
-        if warmup_steps < 0:
-            raise UserError(f"model.warmup_steps must be >= 0, got {warmup_steps}")
+        check_model_args(
+            lr=lr, dim=dim, depth=depth, mlp_dim=mlp_dim, warmup_steps=warmup_steps, dropout=dropout,
+            num_heads=num_heads, head_dim=head_dim, weight_decay=weight_decay, betas=betas, eps=eps,
+            max_len=max_len,
+        )  # fmt: skip
         if schedule not in SCHEDULES:
             raise UserError(f"unknown schedule '{schedule}'; valid schedules: {', '.join(SCHEDULES)}")
         self.save_hyperparameters()

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
 
+from lra_cond.errors import OneLineParser
 from lra_cond.report.collect import Run, collect_runs, config_differences
 from lra_cond.report.plots import plot_all
 from lra_cond.report.table import BASELINE, build_rows, definitions, markdown_table, target_accuracy
@@ -37,14 +37,14 @@ def warnings_for(runs: list[Run]) -> list[str]:
     for r in runs:
         if not r.config:
             out.append(f"`{r.init}/seed{r.seed}` has no config.yaml: its config cannot be checked.")
-        if r.metrics.get("test_acc") is None:
+        if not r.finished:
             out.append(f"`{r.init}/seed{r.seed}` has no test accuracy (unfinished run?).")
     return out
 
 
 def _finished(run: Run) -> str:
     m = run.metrics
-    return f"{m.get('total_steps')} steps" + ("" if m.get("test_acc") is not None else ", not finished")
+    return f"{m.get('total_steps')} steps" + ("" if run.finished else ", not finished")
 
 
 def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
@@ -84,7 +84,7 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
 
 
 def report_main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m lra_cond report",
         description="Rebuild the init-comparison report from run folders RUNS_DIR/<init>/seed<k>/.",
     )

@@ -1,19 +1,17 @@
 """Collect run folders ``<runs_dir>/<init>/seed<k>/`` (metrics.json + config.yaml) for a report,
-and find configuration differences between runs apart from init and seed."""
+and find configuration differences between runs apart from init and seed. The folders are read
+through ``lra_cond.run_dir``."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lra_cond.callbacks.metrics_file import read_metrics
+from lra_cond import run_dir
 from lra_cond.errors import UserError
+from lra_cond.run_dir import read_metrics
 
-SEED_DIR = re.compile(r"^seed(\d+)$")
 # Keys that legitimately differ between the runs of one comparison (or only record bookkeeping).
 IGNORED_KEYS = (
     "seed_everything",
@@ -36,36 +34,16 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        return self.metrics.get("test_acc") is not None
+        return run_dir.is_finished(self.metrics)
 
 
-def load_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text()) or {}
-
-
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> ``{"a.b.c": value}`` (lists are kept as leaves)."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        out.update(flatten(value, name) if isinstance(value, dict) and value else {name: value})
-    return out
-
-
-def _ignored(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS)
+def load_config(folder: Path) -> dict[str, Any]:
+    return run_dir.read_config(folder)
 
 
 def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two configs, ignoring init, seed and bookkeeping."""
-    fa, fb = flatten(a), flatten(b)
-    keys = sorted(k for k in set(fa) | set(fb) if not _ignored(k))
-    return [k for k in keys if fa.get(k, "<missing>") != fb.get(k, "<missing>")]
+    return run_dir.config_differences(a, b, IGNORED_KEYS)
 
 
 def init_order(inits: list[str]) -> list[str]:
@@ -81,12 +59,12 @@ def collect_runs(runs_dir: str | Path) -> list[Run]:
     runs = []
     for init_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
         for seed_dir in sorted(p for p in init_dir.iterdir() if p.is_dir()):
-            match = SEED_DIR.match(seed_dir.name)
-            if match and (seed_dir / "metrics.json").is_file():
+            seed = run_dir.seed_of(seed_dir)
+            if seed is not None and (seed_dir / run_dir.METRICS_FILE).is_file():
                 runs.append(
                     Run(
                         init=init_dir.name,
-                        seed=int(match.group(1)),
+                        seed=seed,
                         path=seed_dir,
                         metrics=read_metrics(seed_dir),
                         config=load_config(seed_dir),

@@ -1,6 +1,8 @@
 """``python -m lra_cond compare``: fit every (init, seed) in turn as a ``fit`` subprocess, reusing
 finished runs and resuming interrupted ones, then write the report; ``--plan`` prints the commands.
-``--config STUDY.yaml`` reads the same options from a file (see :func:`study_args`)."""
+``--config STUDY.yaml`` reads the same options from a file (see :func:`study_args`).
+
+What a run folder holds, and whether a run is finished, comes from ``lra_cond.run_dir``."""
 
 from __future__ import annotations
 
@@ -8,16 +10,16 @@ import json
 import shlex
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lra_cond.callbacks.metrics_file import read_metrics
-from lra_cond.errors import UserError
+from lra_cond import run_dir
+from lra_cond.errors import OneLineParser, UserError
 from lra_cond.report.build import REPORT_DIR, write_report
 from lra_cond.report.collect import Run, config_differences, init_order, load_config
+from lra_cond.run_dir import State, read_metrics
 
 # Set per run by compare itself; in the overrides they would silently break the comparison.
 RESERVED = ("--init", "--model.init", "--seed_everything", "--task", "--data.task", "--ckpt_path")
@@ -93,7 +95,9 @@ def fit_args(task: str, attention: str, init: str, seed: int, overrides: list[st
 
 def resolved_config(args: list[str]) -> dict[str, Any]:
     """The config a ``fit`` with these arguments would save as config.yaml (parsed, nothing built)."""
-    from lra_cond.cli import expand_shortcuts
+    from jsonargparse import ArgumentError
+
+    from lra_cond.cli import expand_shortcuts, parse_error_message
     from lra_cond.lightning_cli import LraCLI
 
     class ConfigOnly(LraCLI):
@@ -110,18 +114,15 @@ def resolved_config(args: list[str]) -> dict[str, Any]:
     saved, sys.argv = sys.argv, [sys.argv[0], *expanded]
     try:
         cli = ConfigOnly()
-        # The fit subparser dumps exactly like SaveConfigCallback writes config.yaml.
-        parser = cli._parser("fit")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            text = parser.dump(cli.config["fit"], skip_none=False)
+    except ArgumentError as e:  # a bad fit override: one line, before any run
+        raise UserError(parse_error_message(e, "compare")) from None
     finally:
         sys.argv = saved
-    return yaml.safe_load(text)
+    # Dumped exactly like fit writes config.yaml.
+    return yaml.safe_load(cli.resolved_config_text())
 
 
 def compare_main(argv: list[str]) -> None:
-    from lra_cond.cli import OneLineParser
     from lra_cond.data.tasks import TASKS
     from lra_cond.init import INITS
     from lra_cond.models.attention import ATTENTIONS
@@ -170,32 +171,37 @@ def compare_main(argv: list[str]) -> None:
             print(shlex.join(["python", "-m", "lra_cond", *cmd]))
         return
 
-    runs_dir = Path(args.run_root) / args.task / args.attention
+    runs_dir = run_dir.runs_dir(args.run_root, args.task, args.attention)
     reference = resolved_config(fit_args(args.task, args.attention, inits[0], seeds[0], overrides))
     # Decide every job first, so a conflicting folder stops compare before any training.
     plan = []
     for init, seed in jobs:
-        run_dir = runs_dir / init / f"seed{seed}"
-        last = run_dir / "checkpoints" / "last.ckpt"
-        finished = read_metrics(run_dir).get("test_acc") is not None
-        if finished or last.is_file():
-            diff = config_differences(reference, load_config(run_dir))
+        folder = run_dir.RunFolder(run_dir.run_path(args.run_root, args.task, args.attention, init, seed))
+        state = folder.state()
+        if state is not State.EMPTY:
+            diff = config_differences(reference, load_config(folder.path))
             if diff:
                 raise UserError(
-                    f"{run_dir} was run with a different config ({', '.join(diff)}); move it away or "
+                    f"{folder.path} was run with a different config ({', '.join(diff)}); move it away or "
                     "use another --run_root"
                 )
-        plan.append((init, seed, run_dir, "reuse" if finished else "resume" if last.is_file() else "fit"))
+        if state is State.STARTED:
+            raise UserError(
+                f"{folder.path} holds {folder.describe()}: there is nothing to resume; move it away (or use "
+                "another --run_root) and rerun compare"
+            )
+        action = {State.FINISHED: "reuse", State.UNFINISHED: "resume"}.get(state, "fit")
+        plan.append((init, seed, folder.path, action))
 
-    for i, (init, seed, run_dir, action) in enumerate(plan, 1):
+    for i, (init, seed, path, action) in enumerate(plan, 1):
         head = f"[{i}/{len(plan)}] {init} seed {seed}"
         if action == "reuse":
-            print(f"{head}: reusing finished run {run_dir}", flush=True)
+            print(f"{head}: reusing finished run {path}", flush=True)
             continue
         cmd = fit_args(args.task, args.attention, init, seed, overrides)
         if action == "resume":
-            cmd += ["--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]
-        print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {run_dir}", flush=True)
+            cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
+        print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
         rc = subprocess.run([sys.executable, "-m", "lra_cond", *cmd]).returncode
         if rc != 0:
             raise UserError(
