@@ -47,6 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preset", default="full", help="data preset for the loader rate")
     p.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the DataModule's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-probe", action="store_true", help="skip timing the condition-number probe")
     args = p.parse_args(argv)
     ATTENTIONS.get(args.attention)
     TASKS.get(args.task)
@@ -210,15 +211,13 @@ def loader_rate(args: argparse.Namespace, seconds: float = 3.0, max_batches: int
     return (round(n / elapsed, 2) if n else None), f"{n} batches from {path}"
 
 
-def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float | None, int, str]:
+def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, int, str]:
     """Time one probe of a default ``ConditionNumberMonitor`` (its probe taken from ``batch`` as in
-    ``fit``): (seconds or None when the monitor is off by default, its cadence, a note)."""
+    ``fit``): (seconds, its cadence, a note)."""
     from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
     from lra_cond.callbacks.layer_inputs import take_probe
 
     monitor = ConditionNumberMonitor()
-    if not monitor.enabled:
-        return None, 0, "the condition monitor is off by default: no probe cost in a default fit"
     probe = take_probe([{k: v.cpu() for k, v in batch.items()}], monitor.probe_tokens)
     start = time.perf_counter()
     results = monitor.probe_model(model, probe)
@@ -230,13 +229,16 @@ def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     unmeasured = [r.reason for r in results if r.reason]
     if unmeasured:
         note += f"; {unmeasured[0]}"
+    unexplained = sum(r.n_null - r.n_null_expected for r in results if r.kappa is not None)
+    if unexplained:
+        note += f"; {unexplained} null value(s) beyond the verified symmetries"
     return probe_s, monitor.every_n_steps, note
 
 
-def probe_fraction(probe_s: float | None, every: int, step_s: float) -> float:
+def probe_fraction(probe_s: float | None, every: int, step_s: float) -> float | None:
     """One probe over the training time between two probes: probe_s / (every_n_steps x step_s);
-    0 when the monitor is off by default (``probe_s`` None)."""
-    return 0.0 if probe_s is None else round(probe_s / (every * step_s), 5)
+    None when the probe was not timed."""
+    return None if probe_s is None else round(probe_s / (every * step_s), 5)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -261,9 +263,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = [{k: v.to(args.device) for k, v in b.items()} for b in batches]
     # The monitor's probes land at step 0 and every N steps, where the model is either freshly
     # initialised or well trained; time one on the model as fit's step-0 probe sees it.
-    model.eval()
-    probe_s, every, cond_note = monitor_probe(model, batches[0])
-    model.train()
+    probe_s, every, cond_note = None, 0, "not timed (--no-probe)"
+    if not args.no_probe:
+        model.eval()
+        probe_s, every, cond_note = monitor_probe(model, batches[0])
+        model.train()
     times: list[float] = []
     cpu_times: list[float] = []  # process CPU seconds: a load-independent view on a shared machine
     with explicit_math(model) if args.explicit else contextlib.nullcontext():
@@ -305,6 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loader_batches_per_s": loader,
         "loader_note": loader_note,
         "loader_over_train": None if loader is None else round(loader * median, 2),
+        "cond_probe_s": None if probe_s is None else round(probe_s, 4),
         "cond_probe_fraction": cond,
         "cond_probe_note": cond_note,
         "torch": torch.__version__,

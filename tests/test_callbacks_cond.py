@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -35,9 +36,13 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
     run = tmp_path / "runs/listops/softmax/default/seed0"
     tags = scalars(run)
     for i in (0, 1):
-        for name in ("kappa", "kappa_q", "kappa_k", "kappa_v"):
+        for name in ("kappa", "kappa_q", "kappa_k", "kappa_v", "kappa_x"):
             assert [s for s, _ in tags[f"cond/{name}/layer{i}"]] == [0, 4, 8]
-        assert f"cond/weights/q/layer{i}" in tags and f"cond/weights/v_head1/layer{i}" in tags
+            for (s1, v), (s2, lv) in zip(tags[f"cond/{name}/layer{i}"], tags[f"cond/log10_{name}/layer{i}"]):
+                assert s1 == s2 and lv == pytest.approx(math.log10(v), rel=1e-6)
+        assert f"cond/weights/q/layer{i}" in tags and f"cond_diag/weights/v_head1/layer{i}" in tags
+        assert f"cond_diag/n_null/layer{i}" in tags
+    assert not any(t.startswith("cond/n_null") or t == "cond/seconds" for t in tags)  # diagnostics apart
     mean = [(s, v) for s, v in tags["cond/kappa/mean"]]
     history = json.loads((run / "metrics.json").read_text())["cond_history"]
     assert [h["step"] for h in history] == [0, 4, 8]
@@ -45,25 +50,24 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
         kappas = [layer["kappa"] for layer in h["layers"]]
         assert step == h["step"] and value == pytest.approx(sum(kappas) / 2, rel=1e-6)
         assert all(k > 1 for k in kappas)
-    # Theory, during training (2 heads of d_h = 8, q/k/v biases): at init LayerNorm has beta = 0, so
-    # inputs are mean-free: gauge with fixed b_Q, 2*(64-8), plus 3*2*8. Once beta moves, rows are not
-    # mean-free, but x . (1/gamma) is the same for every row: softmax ignores the key shift along
-    # 1/gamma (2*8) and a W_Q shift along it restores the whole gauge (2*64).
-    assert [layer["n_null"] for layer in history[0]["layers"]] == [160, 160]
-    # Verified exact symmetries; near-symmetries (beta ~ 1e-4) are genuine small singular values.
-    assert [layer["n_null_expected"] for layer in history[-1]["layers"]] == [144, 144]
-    assert all(layer["n_null"] >= 144 for layer in history[-1]["layers"])
+        assert all(layer["kappa_x"] > 1 and layer["n_null_x"] == 1 for layer in h["layers"])  # [X, 1]
+    # Theory, during training (2 heads of d_h = 8, q/k/v biases, LayerNorm-ed inputs): gauge 2*64, the
+    # input null direction [1/gamma, -c] in each of Q, K, V (3*2*8) and the key shift along the bias
+    # column (2*8), whatever the LayerNorm bias: the same exact count at every probe, all verified.
+    for h in history:
+        assert [layer["n_null"] for layer in h["layers"]] == [192, 192]
+        assert [layer["n_null_expected"] for layer in h["layers"]] == [192, 192]
 
 
 def test_monitor_settings_are_in_the_config(tmp_path: Path) -> None:
     """On by default at the documented cadence, with the exact fast method; flags change it."""
     proc = run_cli(["fit", "--task", "listops", "--print_config"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    default = f"cond:\n  every_n_steps: {DEFAULT_EVERY_N_STEPS}\n  method: qr\n  probe_tokens: 256"
+    default = f"cond:\n  every_n_steps: {DEFAULT_EVERY_N_STEPS}\n  method: gram\n  probe_tokens: 256"
     assert default in proc.stdout
     assert DEFAULT_EVERY_N_STEPS > 0
     proc = run_cli(["fit", "--task", "listops", "--cond.every_n_steps", "0", "--print_config"], tmp_path)
-    assert "cond:\n  every_n_steps: 0\n  method: qr" in proc.stdout
+    assert "cond:\n  every_n_steps: 0\n  method: gram" in proc.stdout
     assert "target:\n  acc: null" in proc.stdout
 
 
@@ -77,7 +81,8 @@ def test_default_fit_measures_at_start_and_end(tiny_listops: Path, tmp_path: Pat
     run = tmp_path / "runs/listops/softmax/default/seed0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert [h["step"] for h in metrics["cond_history"]] == [0, 8]
-    assert metrics["cond_settings"]["method"] == "qr"
+    assert metrics["cond_settings"]["method"] == "gram"
+    assert "b_Q" in metrics["cond_settings"]["definition"]
     assert all(layer["kappa"] > 1 for h in metrics["cond_history"] for layer in h["layers"])
     assert [s for s, _ in scalars(run)["cond/kappa/mean"]] == [0, 8]
 

@@ -10,6 +10,7 @@ Jacobian can be taken), on rank zero only, never during the sanity check.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -19,34 +20,35 @@ from rich.console import Console
 
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
 from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
-from lra_cond.conditioning import JacobianCondition, jacobian_condition
+from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
 
-# Sized on the measured probe cost (see the class docstring and README): <= 5% at the ListOps
-# reference shape even at bench's batch 4 (a 35 s probe / (1500 x 0.55 s steps) = 4.2%).
+# Sized on the measured probe cost (README, "Condition number"): a few seconds per probe at the
+# ListOps reference shape, under 2% of training for every family at the ListOps config's batch 32.
 DEFAULT_EVERY_N_STEPS = 1500
 
 
 class ConditionNumberMonitor(pl.Callback):
-    """Condition number of each attention layer's Jacobian d A / d (W_Q, W_K, W_V) during ``fit``.
+    """Condition number of each attention layer's Jacobian d A / d theta_qkv during ``fit``.
 
-    On by default. One probe at the ListOps reference shape (dim 64, 2 layers, 2 heads x 32, 256 probe
-    tokens, per-block values included) takes ~35 s for softmax on a 2-core CPU with the default
-    ``qr`` method (exact to ~1e-8; ``dense`` svdvals would take ~8 min); DEFAULT_EVERY_N_STEPS keeps
-    it within 5% of training time there (README, "Condition number", has the measurements; the
-    other families build J by forward-mode AD and cost 4-5x more per probe). kappa
-    depends on the probe size (J is 8192 x 6144 per head at 256 tokens), so compare runs only at
-    equal ``probe_tokens``.
-    A short run still pays the probes at step 0 and at the end: ``--cond.every_n_steps 0`` disables.
+    theta_qkv is every parameter of the q, k, v projections (weights and biases): see
+    ``lra_cond.conditioning.jacobian`` for the definition and why. On by default; one probe at the
+    ListOps reference shape (dim 64, 2 layers, 2 heads x 32, 256 probe tokens, per-block values
+    included) takes seconds on a 2-core CPU with the default ``gram`` method (README, "Condition
+    number", has the measurements). kappa depends on the probe size (J is 8192 x 6240 per head at
+    256 tokens), so compare runs only at equal ``probe_tokens``. A short run still pays the probes
+    at step 0 and at the end: ``--cond.every_n_steps 0`` disables the monitor.
 
     Args:
         every_n_steps: measure at step 0 and every this many optimizer steps (and at the end of
             training); 0 disables the monitor.
-        method: ``qr`` (exact extremes: deflated QR + Lanczos), ``dense`` (full svdvals; the
-            reference, slow) or ``matrix-free`` (Lanczos on J^T J; J never formed).
+        method: ``gram`` (preconditioned Gram + Cholesky, checked against the exact J, QR when the
+            check fails; exact to ~1e-8), ``qr`` (the same with Householder QR) or ``dense`` (full
+            svdvals; the reference, minutes per layer).
         probe_tokens: the probe is the first validation examples, each cropped to this many tokens,
-            until they hold at least this many real tokens (it must reach 3 * dim for a full-rank J).
+            until they hold at least this many real tokens (it must reach 3 * (dim + 1) for a
+            full-rank J).
         per_block: also measure the Q, K and V blocks alone.
         rtol: singular values below rtol * sigma_max count as null.
     """
@@ -54,7 +56,7 @@ class ConditionNumberMonitor(pl.Callback):
     def __init__(
         self,
         every_n_steps: int = DEFAULT_EVERY_N_STEPS,
-        method: str = "qr",
+        method: str = "gram",
         probe_tokens: int = 256,
         per_block: bool = True,
         rtol: float = DEFAULT_RTOL,
@@ -155,6 +157,8 @@ class ConditionNumberMonitor(pl.Callback):
                     "n_null_expected": r.n_null_expected,
                     "null_groups": r.null_groups,
                     "kappa_blocks": {b: s.kappa for b, s in r.per_block.items()},
+                    "kappa_x": r.kappa_x,
+                    "n_null_x": r.n_null_x,
                     "weights": r.weights,
                     "n_tokens": r.n_tokens,
                     "reason": r.reason,
@@ -173,22 +177,38 @@ class ConditionNumberMonitor(pl.Callback):
             "seconds": seconds,
         }
 
-    def _log(self, trainer: pl.Trainer, entry: dict[str, Any]) -> None:
-        metrics: dict[str, float] = {}
+    @staticmethod
+    def scalars(entry: dict[str, Any]) -> dict[str, float]:
+        """TensorBoard scalars of one history entry. ``cond/``: what the curves are for (kappa of J,
+        of each block, of the probe input X, of the stacked weights; each also as log10 so the
+        curves read on one linear axis); ``cond_diag/``: how the measurement went (null counts,
+        seconds, per-head weight kappas)."""
+        out: dict[str, float] = {}
+
+        def put(name: str, value: float | None) -> None:
+            if value is not None and math.isfinite(value) and value > 0:
+                out[f"cond/{name}"] = value
+                out[f"cond/log10_{name}"] = math.log10(value)
+
         for i, layer in enumerate(entry["layers"]):
-            if layer["kappa"] is not None:
-                metrics[f"cond/kappa/layer{i}"] = layer["kappa"]
-                metrics[f"cond/n_null/layer{i}"] = layer["n_null"]
+            put(f"kappa/layer{i}", layer["kappa"])
             for b, k in layer["kappa_blocks"].items():
-                if k is not None:
-                    metrics[f"cond/kappa_{b}/layer{i}"] = k
+                put(f"kappa_{b}/layer{i}", k)
+            put(f"kappa_x/layer{i}", layer.get("kappa_x"))
             for b, w in layer["weights"].items():
-                metrics[f"cond/weights/{b}/layer{i}"] = w["stacked"]
+                put(f"weights/{b}/layer{i}", w["stacked"])
                 for h, k in enumerate(w["heads"]):
-                    metrics[f"cond/weights/{b}_head{h}/layer{i}"] = k
-        if entry["kappa_mean"] is not None:
-            metrics["cond/kappa/mean"] = entry["kappa_mean"]
-        metrics["cond/seconds"] = entry["seconds"]
+                    if math.isfinite(k):
+                        out[f"cond_diag/weights/{b}_head{h}/layer{i}"] = k
+            if layer["kappa"] is not None:
+                out[f"cond_diag/n_null/layer{i}"] = layer["n_null"]
+                out[f"cond_diag/n_null_unexplained/layer{i}"] = layer["n_null"] - layer["n_null_expected"]
+        put("kappa/mean", entry["kappa_mean"])
+        out["cond_diag/seconds"] = entry["seconds"]
+        return out
+
+    def _log(self, trainer: pl.Trainer, entry: dict[str, Any]) -> None:
+        metrics = self.scalars(entry)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=entry["step"])
         if run_dir_of(trainer):
@@ -200,8 +220,7 @@ class ConditionNumberMonitor(pl.Callback):
                     "probe_tokens": self.probe_tokens,
                     "rtol": self.rtol,
                     "every_n_steps": self.every_n_steps,
-                    "definition": "kappa of d A / d (W_Q, W_K, W_V) over the non-null spectrum; "
-                    "A = attention output before out_proj; float64, eval, explicit math",
+                    "definition": DEFINITION,
                 },
             )
 

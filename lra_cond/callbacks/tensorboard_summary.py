@@ -14,11 +14,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lra_cond.run_dir import read_metrics, run_dir_of
 
 # Regexes are allowed in custom-scalar "Multiline" charts: every layer's tag lands in one chart.
+# The kappa charts use the log10 tags: kappa spans 1e3-1e10 across layers, and on a linear axis every
+# curve but the largest sits at 0.
 LAYOUT = {
-    "condition number": {
-        "κ(J) all layers": ["Multiline", [r"cond/kappa/layer\d+", "cond/kappa/mean"]],
-        "κ(J_Q), κ(J_K), κ(J_V) all layers": ["Multiline", [r"cond/kappa_[qkv]/layer\d+"]],
-        "κ(W) stacked Q/K/V all layers": ["Multiline", [r"cond/weights/[qkv]/layer\d+"]],
+    "condition number (log10)": {
+        "log10 κ(J) all layers": ["Multiline", [r"cond/log10_kappa/layer\d+", "cond/log10_kappa/mean"]],
+        "log10 κ(X) of each layer's probe input": ["Multiline", [r"cond/log10_kappa_x/layer\d+"]],
+        "log10 κ(J_Q), κ(J_K), κ(J_V) all layers": ["Multiline", [r"cond/log10_kappa_[qkv]/layer\d+"]],
+        "log10 κ(W) stacked Q/K/V all layers": ["Multiline", [r"cond/log10_weights/[qkv]/layer\d+"]],
     },
     "accuracy": {"val/test accuracy": ["Multiline", ["val/acc", "test/acc"]]},
 }

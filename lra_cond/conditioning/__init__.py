@@ -1,9 +1,16 @@
-"""Condition numbers of the attention Jacobian (exact and matrix-free) and of the weights."""
+"""Condition numbers of the attention Jacobian and of the projection weights."""
 
-from lra_cond.conditioning.jacobian import JacobianCondition, SpectrumSummary, jacobian_condition
-from lra_cond.conditioning.weights import matrix_condition, weight_conditions
+from lra_cond.conditioning.jacobian import (
+    DEFINITION,
+    JacobianCondition,
+    SpectrumSummary,
+    jacobian_condition,
+)
+from lra_cond.conditioning.weights import weight_conditions
+from lra_cond.linalg import matrix_condition
 
 __all__ = [
+    "DEFINITION",
     "JacobianCondition",
     "SpectrumSummary",
     "jacobian_condition",

@@ -1,34 +1,37 @@
-"""The function whose Jacobian is measured: a float64, eval-mode, explicit-math copy of one attention
-layer, seen as a map from its q/k/v projection weights to its pre-``out_proj`` output at real tokens.
+"""The function whose Jacobian is measured: one attention layer's pre-``out_proj`` output at the real
+tokens of a fixed input, as a map from every parameter of its q/k/v projections.
 
-Parameters are laid out head by head, ``[W_Q^h, W_K^h, W_V^h]`` (only the blocks asked for), each
-flattened row-major from torch's ``weight[out, in]`` layout. Head h's output depends only on its own
-rows of the three weights, so the Jacobian is block diagonal over heads (rows: head h's output
-columns; columns: head h's parameters) and its singular values are the union of the heads'.
+The layer is the family's ``jacobian_copy`` (float64, eval, explicit math, projections W~ = [W | b]
+of the augmented input x~ = [x, 1] when the layer has biases), so the parameters are the weights
+W~ only. They are laid out head by head, ``[W~_Q^h, W~_K^h, W~_V^h]`` (only the blocks asked for),
+each flattened row-major from torch's ``weight[out, in]`` layout. Head h's output depends only on
+its own rows of the three projections, so the Jacobian is block diagonal over heads and its
+singular values are the union of the heads'.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, jvp, vmap
 
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
+from lra_cond.models.attention.jacobian import BLOCKS, HeadInputs
 
 BLOCK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
+CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products (AD fallback)
 
 
 def parse_blocks(blocks: str) -> tuple[str, ...]:
     letters = tuple(dict.fromkeys(blocks.lower()))
     if not letters or any(b not in BLOCK_NAMES for b in letters):
         raise UserError(f"blocks must combine the letters q, k, v (e.g. 'qkv'), got {blocks!r}")
-    return tuple(b for b in "qkv" if b in letters)
+    return tuple(b for b in BLOCKS if b in letters)
 
 
 class HeadsOutput(nn.Module):
@@ -44,13 +47,14 @@ class HeadsOutput(nn.Module):
 
 @dataclass
 class Probe:
-    """A float64 copy of the layer at a fixed input, with the head-wise parameter layout."""
+    """A layer's ``jacobian_copy`` at a fixed (augmented) input, with the head-wise parameter layout."""
 
     layer: Attention
-    x: torch.Tensor  # (B, N, D) float64
+    x: torch.Tensor  # (B, N, D') float64
     mask: torch.Tensor | None  # (B, N) True at padded positions
     real: torch.Tensor  # (B, N) True at real (query) positions
     blocks: tuple[str, ...]
+    dim_raw: int  # D, the layer's own input width
 
     @property
     def num_heads(self) -> int:
@@ -62,6 +66,7 @@ class Probe:
 
     @property
     def dim(self) -> int:
+        """D': the augmented input width the projections read."""
         return self.x.shape[-1]
 
     @property
@@ -70,7 +75,7 @@ class Probe:
 
     @property
     def block_size(self) -> int:
-        """Parameters of one block of one head (d_h x D)."""
+        """Parameters of one block of one head (d_h x D')."""
         return self.head_dim * self.dim
 
     @property
@@ -88,13 +93,37 @@ class Probe:
         d = self.head_dim
         return self.weight(block)[h * d : (h + 1) * d]
 
+    def sequences(self) -> list[torch.Tensor]:
+        """Each sequence's real tokens (L_b, D'), in probe order."""
+        return [self.x[b][self.real[b]] for b in range(self.x.shape[0])]
+
+    def head_inputs(self, h: int, blocks: tuple[str, ...] | None = None) -> HeadInputs:
+        w = {b: self.head_weight(b, h) for b in BLOCKS}
+        return HeadInputs(self.sequences(), h, w, self.blocks if blocks is None else blocks)
+
+    def head_jacobian(self, h: int, closed_form: bool = True) -> torch.Tensor:
+        """Head h's Jacobian (T*d_h, head_size): the family's closed form, else forward-mode AD."""
+        jac = self.layer.head_jacobian(self.head_inputs(h)) if closed_form else None
+        return self.ad_head_jacobian(h) if jac is None else jac
+
+    def ad_head_jacobian(self, h: int) -> torch.Tensor:
+        """Forward-mode AD through the explicit kernel, in memory-bounded chunks of columns."""
+        f = self.head_function(h)
+        theta_h = self.theta().reshape(self.num_heads, -1)[h]
+        b, n = self.x.shape[:2]
+        per_tangent = 8 * 6 * b * self.num_heads * n * max(n, self.dim)  # attention-sized temporaries
+        chunk = max(1, min(theta_h.numel(), CHUNK_BYTES // per_tangent))
+        eye = torch.eye(theta_h.numel(), dtype=theta_h.dtype, device=theta_h.device)
+        column = vmap(lambda t: jvp(f, (theta_h,), (t,))[1])
+        return torch.cat([column(eye[i : i + chunk]) for i in range(0, theta_h.numel(), chunk)]).T
+
     def theta(self) -> torch.Tensor:
         """The current parameters as one flat vector in the head-wise layout."""
         parts = [self.head_weight(b, h).reshape(-1) for h in range(self.num_heads) for b in self.blocks]
         return torch.cat(parts)
 
     def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Flat head-wise vector -> ``{"q_proj.weight": (H*d_h, D), ...}`` for functional_call."""
+        """Flat head-wise vector -> ``{"q_proj.weight": (H*d_h, D'), ...}`` for functional_call."""
         chunks = theta.reshape(self.num_heads, len(self.blocks), self.head_dim, self.dim)
         return {
             f"{BLOCK_NAMES[b]}.weight": chunks[:, i].reshape(-1, self.dim) for i, b in enumerate(self.blocks)
@@ -135,7 +164,8 @@ class Probe:
 def make_probe(
     layer: Attention, x: torch.Tensor, key_padding_mask: torch.Tensor | None, blocks: str
 ) -> Probe:
-    """Copy ``layer`` to float64/eval/explicit math (the caller's layer is never touched)."""
+    """The layer's ``jacobian_copy`` at x (augmented with a ones column when the layer has biases);
+    the caller's layer is never touched."""
     if not isinstance(layer, Attention):
         raise UserError(f"expected an attention layer (lra_cond Attention), got {type(layer).__name__}")
     if x.dim() == 2:
@@ -148,10 +178,10 @@ def make_probe(
             f"key_padding_mask must be (batch, seq) = {tuple(x.shape[:2])}, "
             f"got {tuple(key_padding_mask.shape)}"
         )
-    copy64 = copy.deepcopy(layer).to(device=x.device, dtype=torch.float64).eval()
-    copy64.explicit = True
-    for p in copy64.parameters():
-        p.requires_grad_(False)
+    copy64 = layer.jacobian_copy().to(x.device)
+    x64 = x.detach().to(torch.float64)
+    if copy64.input_dim == layer.dim + 1:
+        x64 = torch.cat([x64, torch.ones_like(x64[..., :1])], -1)
     mask = None if key_padding_mask is None else key_padding_mask.to(x.device).bool()
     real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else ~mask
-    return Probe(copy64, x.detach().to(torch.float64), mask, real, parse_blocks(blocks))
+    return Probe(copy64, x64, mask, real, parse_blocks(blocks), layer.dim)

@@ -60,6 +60,16 @@ def _kappa_mean(run: Run) -> Series:
     ]
 
 
+def _kappa_x_mean(run: Run) -> Series:
+    """kappa of each layer's probe input X (the paper's bound grows with it), mean over layers."""
+    out = []
+    for e in run.metrics.get("cond_history") or []:
+        ks = [layer["kappa_x"] for layer in e.get("layers", []) if layer.get("kappa_x") is not None]
+        if ks:
+            out.append((e["step"], float(np.mean(ks))))
+    return out
+
+
 def _weights_kappa(block: str) -> Callable[[Run], Series]:
     def series(run: Run) -> Series:
         out = []
@@ -96,13 +106,19 @@ def plot_all(runs: list[Run], out_dir: Path, title: str) -> dict[str, Path | Non
         (out_dir / "val_acc.png").unlink(missing_ok=True)  # no stale plot from an earlier report
         written["val_acc"] = None
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, ax_x) = plt.subplots(1, 2, figsize=(12, 4.5))
     ok = _draw(ax, runs, _kappa_mean)
+    ok_x = _draw(ax_x, runs, _kappa_x_mean)
     if ok:
         ax.set_yscale("log")
-        ax.set(xlabel="optimizer step", ylabel="κ(J), mean over layers", title=f"{title}\n{band}")
+        ax.set(xlabel="optimizer step", ylabel="κ(J), mean over layers", title="attention Jacobian κ(J)")
         ax.grid(alpha=0.3, which="both")
         ax.legend(title="init")
+        ax_x.set(xlabel="optimizer step", ylabel="κ(X), mean over layers", title="probe input κ(X)")
+        if ok_x:
+            ax_x.set_yscale("log")
+            ax_x.grid(alpha=0.3, which="both")
+        fig.suptitle(f"{title} ({band})")
         written["kappa"] = _finish(fig, out_dir / "kappa.png")
     else:
         plt.close(fig)

@@ -7,6 +7,7 @@ Inits and the Jacobian probe act only through ``q_proj``/``k_proj``/``v_proj``/`
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 
 import torch
@@ -14,6 +15,7 @@ from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
+from lra_cond.models.attention.jacobian import HeadInputs
 
 
 class Attention(nn.Module):
@@ -75,6 +77,44 @@ class Attention(nn.Module):
     @property
     def attn_dropout(self) -> float:
         return self.dropout if self.training else 0.0
+
+    # ---- what the condition-number probe asks of a family (see ``attention/jacobian.py``)
+
+    @property
+    def input_dim(self) -> int:
+        """Width of what the q/k/v projections read: D, or D + 1 on a ``jacobian_copy`` of a layer
+        with biases (the augmented input [x, 1])."""
+        return self.q_proj.in_features
+
+    def jacobian_copy(self) -> Attention:
+        """A float64, eval-mode, explicit-math copy whose q/k/v projections are the bias-free maps
+        W~ = [W | b] of the augmented input [x, 1] (J over (W, b) is J over W~). Subclasses may
+        also move to the limit the probe measures (linear attention: eps -> 0)."""
+        layer = copy.deepcopy(self).to(torch.float64).eval()
+        layer.explicit = True
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(layer, name)
+            weight = old.weight.detach()
+            if old.bias is not None:
+                weight = torch.cat([weight, old.bias.detach()[:, None]], 1)
+            new = nn.Linear(*weight.shape[::-1], bias=False, dtype=weight.dtype, device=weight.device)
+            with torch.no_grad():
+                new.weight.copy_(weight)
+            setattr(layer, name, new)
+        for p in layer.parameters():
+            p.requires_grad_(False)
+        return layer
+
+    def head_jacobian(self, inp: HeadInputs) -> torch.Tensor | None:
+        """Closed-form head Jacobian on a ``jacobian_copy`` (layout in ``attention/jacobian.py``),
+        or None: the probe then takes it by forward-mode AD through ``kernel_explicit``."""
+        return None
+
+    def symmetries(self, inp: HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
+        """Candidate exact null directions of the head Jacobian beyond the input's own null space:
+        {group name: {block: (m, d, D') directions}}, only groups whose blocks are all in
+        ``inp.blocks``. The probe keeps a group only after verifying it numerically."""
+        return {}
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from lra_cond.errors import UserError
+from lra_cond.linalg import RANK_RTOL, null_vectors
+from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.registry import ATTENTIONS
 
@@ -73,3 +75,77 @@ class LinearAttention(Attention):
         phi_q, phi_k = self.features(q, k, key_padding_mask)
         sim = phi_q @ phi_k.transpose(-1, -2)
         return (sim @ v) / (sim.sum(-1, keepdim=True) + self.eps)
+
+    # ---- condition-number probe: the eps -> 0 limit
+
+    def jacobian_copy(self) -> LinearAttention:
+        """Measured at eps = 0: scaling a sequence's (S, z) together is then an exact symmetry (with
+        eps > 0 it is broken only by eps, and those directions' singular values, ~eps * sigma_max,
+        would set kappa). phi > 0, so the denominator stays positive."""
+        layer = super().jacobian_copy()
+        layer.eps = 0.0
+        return layer
+
+    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+        """With phi = elu + 1, S = sum_j phi(k_j) v_j^T, z = sum_j phi(k_j), den_i = phi(q_i) . z and
+        A_i = S^T phi(q_i) / den_i (eps = 0):
+            dA_i/dq_i = (S^T - A_i z^T) diag(phi'(q_i)) / den_i                    (query-local)
+            dA_i/dW_K[b, c] = phi(q_i)[b] / den_i (U[:, b, c] - A_i Z[b, c]),
+                U = sum_j v_j (x) phi'(k_j) (x) x_j,  Z = sum_j phi'(k_j) (x) x_j  (per sequence)
+            dA_i/dW_V[b, c] = e_b (P X)_i[c],  P_ij = phi(q_i) . phi(k_j) / den_i."""
+        parts: dict[str, list[torch.Tensor]] = {b: [] for b in inp.blocks}
+        for x in inp.xs:
+            q, k, v = inp.projected(x)
+            phi_q, phi_k = feature_map(q), feature_map(k)
+            z, s = phi_k.sum(0), phi_k.T @ v  # (d,), (d, d)
+            den = phi_q @ z  # (L,)
+            a = (phi_q @ s) / den[:, None]
+            if "q" in parts:
+                dphi_q = torch.where(q > 0, torch.ones_like(q), torch.exp(q))  # elu'(q)
+                g = (s.T[None] - a[:, :, None] * z[None, None, :]) * (dphi_q / den[:, None])[:, None, :]
+                parts["q"].append(jac.query_local(g, x))
+            if "k" in parts:
+                dphi_k = torch.where(k > 0, torch.ones_like(k), torch.exp(k))
+                u = torch.einsum("ja,jb,jc->abc", v, dphi_k, x)
+                zz = dphi_k.T @ x  # (d, D')
+                coef = phi_q / den[:, None]  # (L, d): phi(q_i)[b] / den_i
+                inner = u[None] - a[:, :, None, None] * zz[None, None]  # (L, a, b, c)
+                parts["k"].append(coef[:, None, :, None] * inner)
+            if "v" in parts:
+                p = (phi_q @ phi_k.T) / den[:, None]
+                parts["v"].append(jac.value_block(p @ x, inp.d))
+        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+
+    def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
+        """Keys and values enter only through each sequence's S = sum phi(k) v^T and z = sum phi(k),
+        and (at eps = 0) only up to a common scale of (S, z) per sequence: every (W_K, W_V)
+        direction whose image in (S, z) lies along (S_b, z_b) in every sequence is null. At least
+        2 d D' - B (d^2 + d - 1) directions per head (B sequences): the null space of the small
+        (S, z)-Jacobian with the scaling directions projected out."""
+        blocks = [b for b in ("k", "v") if b in inp.blocks]
+        if not blocks:
+            return {}
+        d, dim = inp.d, inp.dim
+
+        def statistics(flat: torch.Tensor) -> torch.Tensor:
+            w = dict(inp.w, **dict(zip(blocks, flat.reshape(len(blocks), d, dim))))
+            out = []
+            for x in inp.xs:
+                phi_k, v = feature_map(x @ w["k"].T), x @ w["v"].T
+                out.append(torch.cat([(phi_k.T @ v).reshape(-1), phi_k.sum(0)]))
+            return torch.cat(out)
+
+        theta = torch.cat([inp.w[b].reshape(-1) for b in blocks])
+        stats = statistics(theta)
+        g = torch.func.jacrev(statistics)(theta)  # (B (d^2 + d), len(blocks) d D')
+        per = d * d + d
+        for b in range(len(inp.xs)):  # project out each sequence's own (S_b, z_b) direction
+            s_b = torch.zeros_like(stats)
+            s_b[b * per : (b + 1) * per] = stats[b * per : (b + 1) * per]
+            s_b = s_b / s_b.norm()
+            g = g - s_b[:, None] * (s_b @ g)[None]
+        null = null_vectors(g, RANK_RTOL)
+        if not null.shape[1]:
+            return {}
+        parts = null.T.reshape(-1, len(blocks), d, dim)
+        return {"key_value_statistics": {b: parts[:, i] for i, b in enumerate(blocks)}}

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lra_cond.errors import UserError
+from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.registry import ATTENTIONS
 from lra_cond.models.attention.sdpa import attend
@@ -87,3 +88,58 @@ class NormalizedAttention(Attention):
             scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
         probs = F.dropout(torch.softmax(scores, dim=-1), self.attn_dropout, training=self.training)
         return probs @ v
+
+    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+        """With q^ = g q / ||q||, k^ = k / ||k||, P = softmax(q^ k^T), a_i = sum_j P_ij v~_j (v~ = v, or
+        v / ||v|| with normalize_v), and N(u) = (I - u^ u^^T) / ||u|| the normalisation's Jacobian:
+            dA_i/dq_i = (sum_j P_ij v~_j k^_j^T - a_i kbar^_i^T) g N(q_i)          (query-local)
+            dA_i/dk_j = P_ij (v~_j - a_i) q^_i^T N(k_j)
+                      = P_ij / ||k_j|| (v~_j - a_i) (q^_i - k^_j (k^_j . q^_i))^T
+            dA_i/dv_j = P_ij N(v_j) (normalize_v) or P_ij I.
+        The key term splits into a softmax-like outer product and one (N x N) @ (N x d d D') matmul."""
+        g = float(self.temperature[inp.h])
+        parts: dict[str, list[torch.Tensor]] = {b: [] for b in inp.blocks}
+        d = inp.d
+        eye = torch.eye(d, dtype=inp.w["q"].dtype, device=inp.w["q"].device)
+        for x in inp.xs:
+            q, k, v = inp.projected(x)
+            nq, nk = q.norm(dim=-1, keepdim=True), k.norm(dim=-1, keepdim=True)
+            q_hat, k_hat = g * q / nq, k / nk
+            vt = l2_normalize(v) if self.normalize_v else v
+            p = torch.softmax(q_hat @ k_hat.T, dim=-1)
+            a = p @ vt
+            if "q" in parts:
+                u = q / nq
+                norm_q = g * (eye - u[:, :, None] * u[:, None, :]) / nq[:, :, None]
+                m = jac.softmax_query_factor(p, k_hat, vt, 1.0)
+                parts["q"].append(jac.query_local(m @ norm_q, x))
+            if "k" in parts:
+                p1 = p / nk.T  # P_ij / ||k_j||
+                r1 = jac.pair_means(p1, vt, x) - a[:, :, None] * (p1 @ x)[:, None, :]
+                term1 = jac.outer_right(q_hat, r1)
+                c = p1 * (q_hat @ k_hat.T)  # P_ij (k^_j . q^_i) / ||k_j||
+                vkx = jac.pair_means(c, vt, (k_hat[:, :, None] * x[:, None, :]).reshape(len(x), -1))
+                kx = (c @ (k_hat[:, :, None] * x[:, None, :]).reshape(len(x), -1)).reshape(len(x), d, -1)
+                term2 = vkx.reshape(len(x), d, d, -1) - a[:, :, None, None] * kx[:, None]
+                parts["k"].append(term1 - term2)
+            if "v" in parts:
+                if self.normalize_v:
+                    nv = v.norm(dim=-1, keepdim=True)
+                    u = v / nv
+                    direct = jac.value_block((p / nv.T) @ x, d)
+                    uux = jac.pair_means(p / nv.T, u, (u[:, :, None] * x[:, None, :]).reshape(len(x), -1))
+                    parts["v"].append(direct - uux.reshape(len(x), d, d, -1))
+                else:
+                    parts["v"].append(jac.value_block(p @ x, d))
+        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+
+    def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
+        """Normalising q and k keeps only the orthogonal part of the gauge, and makes their scales
+        (and v's, with normalize_v) irrelevant."""
+        groups: dict[str, dict[str, torch.Tensor]] = {}
+        if "q" in inp.blocks and "k" in inp.blocks:
+            groups["orthogonal_gauge"] = jac.orthogonal_gauge(inp.w["q"], inp.w["k"])
+        for b in ("q", "k", "v") if self.normalize_v else ("q", "k"):
+            if b in inp.blocks:
+                groups[f"{b}_scale"] = {b: jac.scale(inp.w[b])}
+        return groups

@@ -37,6 +37,8 @@ from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
+from lra_cond.linalg import RANK_RTOL, null_vectors
+from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.registry import ATTENTIONS
 from lra_cond.models.attention.sdpa import attend
@@ -198,3 +200,123 @@ class NystromAttention(Attention):
         f = masked_softmax(q @ k_l.transpose(-1, -2) * scale, empty)
         b = masked_softmax(q_l @ k.transpose(-1, -2) * scale, key_padding_mask)
         return self.with_skip(f @ (z @ (b @ v)), v, key_padding_mask, explicit=True)
+
+    # ---- condition-number probe
+
+    def _sequence_parts(self, x: torch.Tensor, inp: jac.HeadInputs) -> dict[str, torch.Tensor]:
+        """One sequence's landmark quantities (only non-empty landmarks: an empty one is dropped by
+        the kernel, and the pinv of blockdiag(A', 0) is blockdiag(pinv(A'), 0))."""
+        q, k, v = inp.projected(x)
+        length = x.shape[0]
+        segment = torch.arange(length, device=x.device) * self.num_landmarks // length
+        landmarks = torch.unique(segment)
+        seg = (segment[None, :] == landmarks[:, None]).to(x.dtype)
+        seg = seg / seg.sum(1, keepdim=True)  # (m_e, L) segment means
+        return {"q": q, "k": k, "v": v, "seg": seg, "q_l": seg @ q, "k_l": seg @ k, "x_l": seg @ x}
+
+    def _conv_matrix(self, h: int, length: int, like: torch.Tensor) -> torch.Tensor:
+        """The conv skip as an (L, L) Toeplitz matrix: out_i = sum_t w[t] v_{i + t - k//2}."""
+        if self.conv is None:
+            return like.new_zeros(length, length)
+        w = self.conv.weight[h, 0, :, 0].to(like.dtype)
+        kernel = w.numel()
+        offset = torch.arange(length)[None, :] - torch.arange(length)[:, None] + kernel // 2
+        inside = (offset >= 0) & (offset < kernel)
+        return torch.where(inside, w[offset.clamp(0, kernel - 1)], like.new_zeros(()))
+
+    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+        """O = F Z B V + C V with F = softmax(s Q K~^T), A = softmax(s Q~ K~^T), B = softmax(s Q~ K^T),
+        Z = the iterative pinv of A, C the conv skip, Q~ = S Q, K~ = S K (S: segment means, X~ = S X).
+        Q and K reach O through F directly (softmax-like, query-local in Q), through B via Q~ and K,
+        and through Z via A; V only linearly (O = P V, P = F Z B + C). With H = Z B V and
+        Psi(dA) = dZ (B V) (its (m d) x m^2 Jacobian by reverse-mode AD through the pinv iteration):
+            dO/dW_Q = G^F_i x_i + sum_r (F Z)_ir N_r x~_r + F Psi_Q,  dO/dW_K = q_i R^F_i + sum_r
+            (F Z)_ir q~_r R^B_r + F Psi_K,  dO/dW_V = e_b (P X)_i,
+        G^F, R^F the softmax factors of F (values H, keys K~, inputs X~), N_r, R^B_r those of B."""
+        s = jac.attention_scale(inp.d)
+        parts: dict[str, list[torch.Tensor]] = {b: [] for b in inp.blocks}
+        for x in inp.xs:
+            t = self._sequence_parts(x, inp)
+            q, k, v, q_l, k_l, x_l = t["q"], t["k"], t["v"], t["q_l"], t["k_l"], t["x_l"]
+            f = torch.softmax(s * q @ k_l.T, dim=-1)
+            a = torch.softmax(s * q_l @ k_l.T, dim=-1)
+            b = torch.softmax(s * q_l @ k.T, dim=-1)
+            bv = b @ v
+            z = iterative_pinv(a, self.pinv_iterations)
+            hv, fz = z @ bv, f @ z
+            length, m, d = x.shape[0], a.shape[0], inp.d
+            if "v" in parts:
+                p = fz @ b + self._conv_matrix(inp.h, length, x)
+                parts["v"].append(jac.value_block(p @ x, d))
+            if "q" not in parts and "k" not in parts:
+                continue
+            # Psi: d(Z BV) / dA, rows (r', a), columns (r, t); weighted by A (softmax rows of A)
+            jz = torch.func.jacrev(lambda a_, bv=bv: iterative_pinv(a_, self.pinv_iterations) @ bv)(a)
+            jw = jz * a[None, None]  # [r', a, r, t]
+            if "q" in parts:
+                g_f = jac.softmax_query_factor(f, k_l, hv, s)
+                n_b = jac.softmax_query_factor(b, k, v, s)  # (m, d, d)
+                via_b = fz @ (n_b[:, :, :, None] * x_l[:, None, None, :]).reshape(m, -1)
+                k1 = jw @ k_l - jw.sum(-1, keepdim=True) * (a @ k_l)[None, None]  # [r', a, r, b]
+                psi = s * torch.einsum("sarb,rc->sabc", k1, x_l)
+                via_a = f @ psi.reshape(m, -1)
+                parts["q"].append(jac.query_local(g_f, x) + (via_b + via_a).reshape(length, d, d, -1))
+            if "k" in parts:
+                r_f = jac.softmax_key_factor(f, hv, x_l, s)
+                r_b = jac.softmax_key_factor(b, v, x, s)  # (m, d, D')
+                via_b = fz @ (q_l[:, None, :, None] * r_b[:, :, None, :]).reshape(m, -1)
+                j_hat = jw - jw.sum(-1, keepdim=True) * a[None, None]  # [r', a, r, t]
+                psi = s * torch.einsum("sart,rb,tc->sabc", j_hat, q_l, x_l)
+                via_a = f @ psi.reshape(m, -1)
+                parts["k"].append(jac.outer_right(q, r_f) + (via_b + via_a).reshape(length, d, d, -1))
+        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+
+    def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
+        """Landmark softmaxes see queries and keys through inner products (the gauge) and ignore a
+        shift common to a sequence's keys (its landmark keys shift alike).
+
+        With no more landmarks than head dimensions there are more: every score is x_i^T Omega x~_t
+        (F, A) or x~_r^T Omega x_j (B) with Omega = W_Q^T W_K, and a softmax row ignores a constant.
+        So every (dW_Q, dW_K) whose dOmega = dW_Q^T W_K + W_Q^T dW_K adds only row constants is
+        null: R_X dOmega X~_c^T = 0 and X~ dOmega R_Xc^T = 0 in every sequence (X = Q_X R_X, _c:
+        rows centred, X~ the landmark inputs). The null space of that small map (it holds the gauge
+        and the key shifts) is taken only when every sequence has m_e <= d landmarks: with more it
+        holds nothing else (measured on single sequences: m = 12 > d = 8 none, m <= 8 up to 20 per
+        head), and it would cost an SVD as large as the Jacobian's block.
+        """
+        groups: dict[str, dict[str, torch.Tensor]] = {}
+        if "q" in inp.blocks and "k" in inp.blocks:
+            groups["gauge"] = jac.gauge(inp.w["q"], inp.w["k"])
+        if "k" in inp.blocks:
+            groups["key_shift"] = {"k": jac.key_shift(inp.xs, inp.d, RANK_RTOL)}
+        seqs = [self._sequence_parts(x, inp) for x in inp.xs]
+        blocks = [b for b in ("q", "k") if b in inp.blocks]
+        if blocks and all(t["x_l"].shape[0] <= inp.d for t in seqs):
+            null = self._invisible_scores(inp, seqs, blocks)
+            if null.shape[1]:
+                parts = null.T.reshape(-1, len(blocks), inp.d, inp.dim)
+                groups["few_landmarks"] = {b: parts[:, i] for i, b in enumerate(blocks)}
+        return groups
+
+    @staticmethod
+    def _invisible_scores(inp: jac.HeadInputs, seqs: list[dict], blocks: list[str]) -> torch.Tensor:
+        """Null space of (dW_Q, dW_K) -> {R_X dOmega X~_c^T, X~ dOmega R_Xc^T} per sequence."""
+        d, dim = inp.d, inp.dim
+        eye = torch.eye(d * dim, dtype=inp.w["q"].dtype, device=inp.w["q"].device).reshape(-1, d, dim)
+        rows = []
+        for x, t in zip(inp.xs, seqs):
+            r_x = torch.linalg.qr(x, mode="r").R
+            r_xc = torch.linalg.qr(x - x.mean(0, keepdim=True), mode="r").R
+            x_lc = t["x_l"] - t["x_l"].mean(0, keepdim=True)
+            d_omega = []
+            if "q" in blocks:  # dOmega = dW_Q^T W_K
+                d_omega.append(eye.transpose(1, 2) @ inp.w["k"])
+            if "k" in blocks:  # dOmega = W_Q^T dW_K
+                d_omega.append(inp.w["q"].T @ eye)
+            # columns: each block's basis tangents; rows: the two score maps, flattened
+            per_block = [
+                torch.cat([(r_x @ om @ x_lc.T).flatten(1), (t["x_l"] @ om @ r_xc.T).flatten(1)], 1)
+                for om in d_omega
+            ]
+            rows.append(torch.cat(per_block, 0).T)
+        return null_vectors(torch.cat(rows, 0), RANK_RTOL)

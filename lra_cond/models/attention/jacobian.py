@@ -1,0 +1,158 @@
+"""What the condition-number probe asks of an attention family, and the pieces families share.
+
+The probe measures J = d vec(A_h) / d (W_Q^h, b_Q^h, W_K^h, b_K^h, W_V^h, b_V^h) per head: the
+head's output before ``out_proj`` with respect to every parameter of its q/k/v projections. A
+projection with a bias is the bias-free map W~ = [W | b] of the augmented input x~ = [x, 1], so a
+family only ever sees bias-free projections of an input of width D' (D + 1 with biases, else D):
+``Attention.jacobian_copy`` builds that float64 copy.
+
+Columns of a head's Jacobian: one block per projection asked for (q, k, v order), each d x D'
+flattened row-major from torch's ``weight[out, in]`` layout, entry (b, c) = d/d W~[b, c]. Rows:
+(token, output coordinate a), tokens in probe order (sequence by sequence, real tokens only).
+
+A family provides (see ``Attention``):
+* ``head_jacobian(inp)``: that matrix in closed form (the probe falls back to forward-mode AD
+  through the explicit kernel for a family without one);
+* ``symmetries(inp)``: candidate exact null directions of the Jacobian, by name, per block
+  (the probe verifies every group numerically before it deflates it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lra_cond.linalg import null_vectors
+
+BLOCKS = ("q", "k", "v")
+
+
+@dataclass
+class HeadInputs:
+    """One head of a probe: per-sequence inputs (real tokens only) and the head's projection rows."""
+
+    xs: list[torch.Tensor]  # per sequence (L_b, D') float64, augmented when the layer has biases
+    h: int
+    w: dict[str, torch.Tensor]  # "q" | "k" | "v" -> (d, D'), this head's rows of W~
+    blocks: tuple[str, ...]  # which projections the Jacobian's columns cover, in q, k, v order
+
+    @property
+    def d(self) -> int:
+        return self.w["q"].shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.w["q"].shape[1]
+
+    def projected(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (each (L, d)) of one sequence."""
+        return x @ self.w["q"].T, x @ self.w["k"].T, x @ self.w["v"].T
+
+
+# ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')
+# A block's rows (i, a) and columns (b, c) are kept as a 4-index tensor [i, a, b, c] until
+# ``columns`` flattens them.
+
+
+def query_local(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[i, a, b, c] = G_i[a, b] x_i[c]: the block of a projection row i's output sees only through
+    its own projection (dA_i = G_i dW x_i)."""
+    return g[:, :, :, None] * x[:, None, None, :]
+
+
+def outer_right(u: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """[i, a, b, c] = u_i[b] R_i[a, c] (e.g. softmax's key block: dA_i/dW_K[b, c] = q_i[b] R_i[:, c])."""
+    return u[:, None, :, None] * r[:, :, None, :]
+
+
+def value_block(y: torch.Tensor, d: int) -> torch.Tensor:
+    """[i, a, b, c] = delta_ab Y_i[c]: the value block of every A = P V family, Y = P X."""
+    eye = torch.eye(d, dtype=y.dtype, device=y.device)
+    return eye[None, :, :, None] * y[:, None, None, :]
+
+
+def columns(parts: dict[str, torch.Tensor], blocks: tuple[str, ...]) -> torch.Tensor:
+    """{block: (L, d, d, D')} -> (L*d, len(blocks)*d*D'), blocks in ``blocks`` order."""
+    first = parts[blocks[0]]
+    rows = first.shape[0] * first.shape[1]
+    return torch.cat([parts[b].reshape(rows, -1) for b in blocks], 1)
+
+
+def stack_sequences(per_sequence: list[torch.Tensor]) -> torch.Tensor:
+    """Rows of every sequence, in probe order."""
+    return torch.cat(per_sequence, 0)
+
+
+def pair_means(p: torch.Tensor, u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum_j P_ij u_j w_j^T for every i, as one matmul: (I, U, W)."""
+    outer = (u[:, :, None] * w[:, None, :]).reshape(u.shape[0], -1)
+    return (p @ outer).reshape(p.shape[0], u.shape[1], w.shape[1])
+
+
+def softmax_query_factor(p: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """G_i = d(sum_j P_ij v_j) / d q_i for P = softmax(scale * q k^T): scale * (sum_j P_ij v_j k_j^T
+    - a_i kbar_i^T), (I, d_v, d_k). From dP_i = (diag P_i - P_i P_i^T) ds_i."""
+    a, k_bar = p @ v, p @ k
+    return scale * (pair_means(p, v, k) - a[:, :, None] * k_bar[:, None, :])
+
+
+def softmax_key_factor(p: torch.Tensor, v: torch.Tensor, x: torch.Tensor, scale: float) -> torch.Tensor:
+    """R_i with d(sum_j P_ij v_j) / d W_K[b, c] = q_i[b] R_i[:, c] for keys k_j = W_K x_j:
+    scale * (sum_j P_ij v_j x_j^T - a_i xbar_i^T), (I, d_v, D')."""
+    a, x_bar = p @ v, p @ x
+    return scale * (pair_means(p, v, x) - a[:, :, None] * x_bar[:, None, :])
+
+
+def attention_scale(d: int) -> float:
+    return 1.0 / math.sqrt(d)
+
+
+# ---------------------------------------------------------------- symmetry generators
+# Each returns {block: (m, d, D')} directions (m candidates) for the blocks present.
+
+
+def rows_equal(vectors: torch.Tensor, d: int) -> torch.Tensor:
+    """Directions "row a of the d x D' block = w" for every a and every column w of ``vectors``
+    (D', r): the u w^T directions, (r*d, d, D')."""
+    eye = torch.eye(d, dtype=vectors.dtype, device=vectors.device)
+    return torch.einsum("ai,vD->vaiD", eye, vectors.T).reshape(-1, d, vectors.shape[0])
+
+
+def gauge(w_q: torch.Tensor, w_k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """(W_Q, W_K) -> (M W_Q, M^-T W_K): scores q.k see queries and keys only through inner products.
+    Tangents (E W_Q, -E^T W_K) for E = e_a e_c^T: d^2 directions."""
+    d, dim = w_q.shape
+    eye = torch.eye(d, dtype=w_q.dtype, device=w_q.device)
+    dq = torch.einsum("ai,cD->aciD", eye, w_q).reshape(-1, d, dim)
+    dk = -torch.einsum("ic,aD->aciD", eye, w_k).reshape(-1, d, dim)
+    return {"q": dq, "k": dk}
+
+
+def orthogonal_gauge(w_q: torch.Tensor, w_k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rotations of q and k together (E antisymmetric): d(d-1)/2 directions (E W_Q, E W_K)."""
+    d = w_q.shape[0]
+    es = []
+    for a in range(d):
+        for c in range(a + 1, d):
+            e = torch.zeros(d, d, dtype=w_q.dtype, device=w_q.device)
+            e[a, c], e[c, a] = 1.0, -1.0
+            es.append(e)
+    if not es:
+        return {}
+    e = torch.stack(es)
+    return {"q": e @ w_q, "k": e @ w_k}
+
+
+def key_shift(xs: list[torch.Tensor], d: int, rtol: float) -> torch.Tensor:
+    """Softmax over the keys of a sequence ignores a shift common to all of them: dW_K = u w^T with
+    x_j . w constant within every sequence (the bias column, and 1/gamma after a LayerNorm).
+    Returns the K-block directions (r*d, d, D')."""
+    centred = torch.cat([x - x.mean(0, keepdim=True) for x in xs if x.shape[0]])
+    return rows_equal(null_vectors(centred, rtol), d)
+
+
+def scale(w: torch.Tensor) -> torch.Tensor:
+    """The direction W itself (a kernel that normalises the projected vectors ignores their scale)."""
+    return w[None]

@@ -1,0 +1,173 @@
+"""The fast exact path: every family's closed-form head Jacobian against forward-mode AD, the
+spectrum routine's pieces (value elimination, preconditioner, the Cholesky check and its QR
+fallback, block Lanczos) against plain computations, and the per-family null spaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lra_cond.conditioning.spectrum as spectrum
+from lra_cond.conditioning import jacobian_condition
+from lra_cond.conditioning.lanczos import top_eigenpair
+from lra_cond.conditioning.probe import make_probe
+from lra_cond.init import apply_init
+from lra_cond.models.attention import ATTENTIONS, build_attention
+
+FAMILY_VARIANTS = [
+    ("softmax", {}),
+    ("normalized", {}),
+    ("normalized", {"normalize_v": True}),
+    ("linear", {}),
+    ("nystrom", {"num_landmarks": 5}),
+    ("nystrom", {"num_landmarks": 3, "conv_kernel": 0}),  # fewer landmarks than d_h, no conv skip
+    ("nystrom", {"num_landmarks": 16, "pinv_iterations": 3, "conv_kernel": 5}),  # empty landmarks
+]
+
+
+def layer_norm(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+
+def padded_input(seed: int, batch: int, seq: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq, dim, generator=gen, dtype=torch.float64)
+    mask = torch.zeros(batch, seq, dtype=torch.bool)
+    mask[-1, seq // 2 :] = True
+    return x, mask
+
+
+@pytest.mark.parametrize("family,options", FAMILY_VARIANTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("blocks", ["qkv", "qk", "kv", "q", "v"])
+def test_closed_form_equals_forward_mode(family: str, options: dict, blocks: str) -> None:
+    torch.manual_seed(0)
+    layer = build_attention(family, 12, 3, head_dim=5, **options)  # H*d_h != D, with biases
+    x, mask = padded_input(0, 3, 20, 12)
+    probe = make_probe(layer, layer_norm(x) + 0.1, mask, blocks)
+    for h in range(3):
+        closed = probe.head_jacobian(h)
+        reference = probe.ad_head_jacobian(h)
+        assert closed.shape == reference.shape == (probe.num_tokens * 5, len(blocks) * 5 * 13)
+        torch.testing.assert_close(closed, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
+
+
+def test_every_family_has_a_closed_form() -> None:
+    """A family without one falls back to forward-mode AD, ~50x slower at the reference shape."""
+    x = torch.randn(1, 30, 8, dtype=torch.float64)
+    for family in ATTENTIONS.names():
+        layer = build_attention(family, 8, 2, **({"num_landmarks": 4} if family == "nystrom" else {}))
+        probe = make_probe(layer, x, None, "qkv")
+        assert probe.layer.head_jacobian(probe.head_inputs(0)) is not None, family
+
+
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_linear_attention_null_space_is_its_key_value_statistics(sequences: int) -> None:
+    """K and V enter only through each sequence's (S, z), up to a common scale at eps -> 0: per head
+    at least 2 d D' - B (d^2 + d - 1) null directions, all verified, and nothing else is null."""
+    torch.manual_seed(1)
+    dim, heads = 16, 2
+    d, dim_a = dim // heads, dim + 1
+    layer = build_attention("linear", dim, heads)
+    x = layer_norm(torch.randn(sequences, 64, dim, dtype=torch.float64))
+    res = jacobian_condition(layer, x, per_block=False)
+    stats = heads * (2 * d * dim_a - sequences * (d * d + d - 1))
+    assert res.null_groups["key_value_statistics"] >= stats - 2 * heads * d  # input nulls overlap
+    assert res.n_null == res.n_null_expected
+    dense = jacobian_condition(layer, x, method="dense", per_block=False, rtol=1e-9)
+    assert dense.n_null == res.n_null and res.kappa == pytest.approx(dense.kappa, rel=1e-6)
+
+
+def test_nystrom_with_few_landmarks_is_exact() -> None:
+    """m <= d_h landmarks: extra symmetries (scores invisible through the landmark inputs) are
+    verified; what they do not explain is counted from exact svdvals, never hidden."""
+    torch.manual_seed(2)
+    layer = build_attention("nystrom", 16, 2, num_landmarks=4)
+    x = layer_norm(torch.randn(1, 60, 16, dtype=torch.float64))
+    res = jacobian_condition(layer, x, per_block=False)
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)
+    assert res.n_null == dense.n_null
+    assert "few_landmarks" in res.null_groups and res.n_null_expected > 2 * 64 + 5 * 2 * 8
+
+
+def test_value_block_is_eliminated_in_closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Softmax: the whole-head scope takes the value elimination (a diagonal value part in the
+    factor) and agrees with the general path and with dense."""
+    torch.manual_seed(3)
+    layer = build_attention("softmax", 8, 2)
+    x, mask = padded_input(3, 2, 30, 8)
+    x = layer_norm(x)
+    seen = []
+    real_solve = spectrum._solve
+
+    def spy(rows, t, value, *args):  # noqa: ANN001, ANN002, ANN202
+        seen.append(value is not None)
+        return real_solve(rows, t, value, *args)
+
+    monkeypatch.setattr(spectrum, "_solve", spy)
+    fast = jacobian_condition(layer, x, mask, per_block=False)
+    assert seen == [True, True]  # one whole-head scope per head, both eliminated
+    dense = jacobian_condition(layer, x, mask, method="dense", per_block=False)
+    assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
+
+
+def test_a_cholesky_that_fails_the_check_is_redone_by_qr(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(4)
+    layer = build_attention("nystrom", 8, 2, num_landmarks=6)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    base = jacobian_condition(layer, x)
+    monkeypatch.setattr(spectrum, "CHECK_RTOL", -1.0)  # every check fails
+    redone = jacobian_condition(layer, x)
+    assert any("recomputed by Householder QR" in n for n in redone.notes)
+    assert redone.kappa == pytest.approx(base.kappa, rel=1e-8)
+    for b in "qk":
+        assert redone.per_block[b].kappa == pytest.approx(base.per_block[b].kappa, rel=1e-8)
+
+
+def test_qr_method_equals_gram_on_a_256_token_probe() -> None:
+    """Hundreds of non-null values: Lanczos does not terminate by exhausting the space."""
+    for init in ("default", "conditioned"):
+        torch.manual_seed(5)
+        layer = apply_init(build_attention("softmax", 16, 2), init)
+        x = layer_norm(torch.randn(1, 256, 16, dtype=torch.float64))
+        fast = jacobian_condition(layer, x, per_block=False)
+        qr = jacobian_condition(layer, x, method="qr", per_block=False)
+        dense = jacobian_condition(layer, x, method="dense", per_block=False)
+        assert fast.kappa == pytest.approx(dense.kappa, rel=1e-7)
+        assert qr.kappa == pytest.approx(dense.kappa, rel=1e-7)
+        assert fast.n_null == dense.n_null == fast.n_null_expected
+
+
+def test_preconditioner_pieces_are_consistent() -> None:
+    """T, T^T, T^{-1}, T^{-T} and a @ T of a Kronecker block and a dense block, against the dense T."""
+    gen = torch.Generator().manual_seed(6)
+    lb = torch.randn(3, 3, generator=gen, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
+    w = torch.randn(4, 4, generator=gen, dtype=torch.float64) + 4 * torch.eye(4, dtype=torch.float64)
+    r = torch.triu(torch.randn(5, 5, generator=gen, dtype=torch.float64))
+    r = r + 5 * torch.eye(5, dtype=torch.float64)
+    t = spectrum.Preconditioner()
+    t.add_kron(lb, w)
+    t.add_dense(r)
+    dense = torch.block_diag(torch.kron(lb, w), torch.linalg.inv(r))
+    v = torch.randn(17, 2, generator=gen, dtype=torch.float64)
+    a = torch.randn(6, 17, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(t.apply(v), dense @ v)
+    torch.testing.assert_close(t.apply_t(v), dense.T @ v)
+    torch.testing.assert_close(t.solve(v), torch.linalg.solve(dense, v))
+    torch.testing.assert_close(t.solve_t(v), torch.linalg.solve(dense.T, v))
+    torch.testing.assert_close(t.right(a), a @ dense)
+
+
+def test_gram_is_a_transpose_a() -> None:
+    a = torch.randn(50, 700, dtype=torch.float64)
+    torch.testing.assert_close(spectrum.gram(a), a.T @ a)
+
+
+def test_block_lanczos_finds_the_top_eigenpair() -> None:
+    values = torch.linspace(1, 2, 400, dtype=torch.float64) ** 6
+    basis = torch.linalg.qr(torch.randn(400, 400, dtype=torch.float64)).Q
+    op = basis @ torch.diag(values) @ basis.T
+    res = top_eigenpair(lambda v: op @ v, 400, lambda v: v, tol=1e-10)
+    assert res.converged and res.applications * 6 < 400  # far fewer products than the size
+    assert res.value == pytest.approx(float(values[-1]), rel=1e-9)
+    assert abs(float(res.vector @ basis[:, -1])) == pytest.approx(1.0, abs=1e-6)
