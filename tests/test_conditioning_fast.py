@@ -171,3 +171,16 @@ def test_block_lanczos_finds_the_top_eigenpair() -> None:
     assert res.converged and res.applications * 6 < 400  # far fewer products than the size
     assert res.value == pytest.approx(float(values[-1]), rel=1e-9)
     assert abs(float(res.vector @ basis[:, -1])) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_normalized_attention_symmetric_gauge() -> None:
+    """(E W_Q, -E W_K), E symmetric, changes q^.k^ only through the norms: null when q^^T E q^ and
+    k^^T E k^ share one value per sequence, d(d+1)/2 - 2T more directions (here 136 - 120 = 16)."""
+    torch.manual_seed(7)
+    layer = build_attention("normalized", 16, 1)
+    x = layer_norm(torch.randn(1, 60, 16, dtype=torch.float64))
+    res = jacobian_condition(layer, x, per_block=False)
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    assert res.null_groups["symmetric_gauge"] == 16
+    assert res.n_null == res.n_null_expected == dense.n_null
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)

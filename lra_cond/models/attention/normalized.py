@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lra_cond.errors import UserError
+from lra_cond.linalg import RANK_RTOL, null_vectors
 from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.registry import ATTENTIONS
@@ -135,11 +136,43 @@ class NormalizedAttention(Attention):
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         """Normalising q and k keeps only the orthogonal part of the gauge, and makes their scales
-        (and v's, with normalize_v) irrelevant."""
+        (and v's, with normalize_v) irrelevant.
+
+        And a symmetric part: (dW_Q, dW_K) = (E W_Q, -E W_K) with E symmetric keeps every q . k, and
+        changes q^_i . k^_j only through the norms, by -(q^_i^T E q^_i - k^_j^T E k^_j) q^_i . k^_j;
+        so it is null when q^^T E q^ and k^^T E k^ take one value c_b over the tokens of each
+        sequence b: d(d+1)/2 + B unknowns (E, c) for 2T conditions, hence d(d+1)/2 - 2T + B - 1
+        directions beyond the scales when that is positive (measured at d = 32 and 256 tokens: 16)."""
         groups: dict[str, dict[str, torch.Tensor]] = {}
         if "q" in inp.blocks and "k" in inp.blocks:
             groups["orthogonal_gauge"] = jac.orthogonal_gauge(inp.w["q"], inp.w["k"])
+            symmetric = self._symmetric_gauge(inp)
+            if symmetric is not None:
+                groups["symmetric_gauge"] = symmetric
         for b in ("q", "k", "v") if self.normalize_v else ("q", "k"):
             if b in inp.blocks:
                 groups[f"{b}_scale"] = {b: jac.scale(inp.w[b])}
         return groups
+
+    @staticmethod
+    def _symmetric_gauge(inp: jac.HeadInputs) -> dict[str, torch.Tensor] | None:
+        d = inp.d
+        rows, cols = torch.triu_indices(d, d)
+        weight = torch.where(rows == cols, 1.0, 2.0).to(inp.w["q"].dtype)
+        blocks, owners = [], []
+        for b, x in enumerate(inp.xs):
+            q, k, _ = inp.projected(x)
+            for u in (q, k):
+                u = u / u.norm(dim=-1, keepdim=True)
+                blocks.append(u[:, rows] * u[:, cols] * weight)  # u^T E u over the upper triangle
+                owners.append(torch.full((len(u),), b))
+        owner = torch.cat(owners)
+        seq = (owner[:, None] == torch.arange(len(inp.xs))[None, :]).to(weight.dtype)
+        system = torch.cat([torch.cat(blocks), -seq], 1)  # [u^T E u - c_b] = 0
+        null = null_vectors(system, RANK_RTOL)[: rows.numel()]
+        if not null.shape[1]:
+            return None
+        e = torch.zeros(null.shape[1], d, d, dtype=null.dtype, device=null.device)
+        e[:, rows, cols] = null.T
+        e = e + e.transpose(1, 2) - torch.diag_embed(e.diagonal(dim1=1, dim2=2))
+        return {"q": e @ inp.w["q"], "k": -(e @ inp.w["k"])}
