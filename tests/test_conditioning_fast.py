@@ -57,7 +57,7 @@ def test_every_family_has_a_closed_form() -> None:
     for family in ATTENTIONS.names():
         layer = build_attention(family, 8, 2, **({"num_landmarks": 4} if family == "nystrom" else {}))
         probe = make_probe(layer, x, None, "qkv")
-        assert probe.layer.head_jacobian(probe.head_inputs(0)) is not None, family
+        assert probe.layer.head_jacobian_parts(probe.head_inputs(0)) is not None, family
 
 
 @pytest.mark.parametrize("sequences", [1, 2])
@@ -184,3 +184,31 @@ def test_normalized_attention_symmetric_gauge() -> None:
     assert res.null_groups["symmetric_gauge"] == 16
     assert res.n_null == res.n_null_expected == dense.n_null
     assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["softmax", "normalized", "linear"])
+def test_factored_blocks_give_the_dense_per_block_values(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block given as per-token factors has its Gram formed from them; same values as dense."""
+    torch.manual_seed(8)
+    layer = build_attention(family, 8, 2)
+    x, mask = padded_input(8, 2, 30, 8)
+    x = layer_norm(x) + 0.1
+    taken = []
+    real = spectrum._factored_scope
+
+    def spy(*args):  # noqa: ANN002, ANN202
+        out = real(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(spectrum, "_factored_scope", spy)
+    fast = jacobian_condition(layer, x, mask)
+    dense = jacobian_condition(layer, x, mask, method="dense")
+    # softmax factors Q and K; normalized and linear their query-local Q (normalized's q_scale
+    # is not input-side, so its Q takes the general path)
+    assert sum(taken) == {"softmax": 4, "normalized": 0, "linear": 2}[family]
+    for b in "qkv":
+        assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
+        assert fast.per_block[b].n_null == dense.per_block[b].n_null, b

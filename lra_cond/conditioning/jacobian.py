@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from lra_cond.conditioning.nullspace import snap_input, verified_groups
+from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
 from lra_cond.conditioning.probe import Probe, make_probe
 from lra_cond.conditioning.spectrum import Extremes, NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weights import weight_conditions
@@ -122,6 +122,68 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     return ScopeNull(basis, split), added
 
 
+@dataclass
+class _Reduction:
+    """A scope's columns with a family's support applied: blocks in ``support_blocks`` reach the
+    output only through span(P), so they are replaced by the columns J_S P (the rest of their
+    coordinates, removed = n_S - r directions, are null)."""
+
+    name: str
+    kron: list[str]  # the scope's other blocks, unchanged
+    support_blocks: list[str]
+    p: torch.Tensor  # (n_S, r) orthonormal
+    kron_cols: torch.Tensor  # (T*d, n_kron)
+    support_cols: torch.Tensor  # (T*d, n_S): J_S
+    dense: torch.Tensor  # J_S P
+    order: list[str]  # the scope's blocks, in order
+    size: int
+
+    @property
+    def removed(self) -> int:
+        return self.p.shape[0] - self.p.shape[1]
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:  # v in the reduced layout [kron, dense]
+        n = self.kron_cols.shape[1]
+        return self.kron_cols @ v[:n] + self.dense @ v[n:]
+
+    def _split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scope's original layout -> (kron rows, support rows)."""
+        parts = {b: v[i * self.size : (i + 1) * self.size] for i, b in enumerate(self.order)}
+        kron = torch.cat([parts[b] for b in self.kron]) if self.kron else v[:0]
+        return kron, torch.cat([parts[b] for b in self.support_blocks])
+
+    def coordinates(self, v: torch.Tensor) -> torch.Tensor:
+        """Directions in the original layout -> the reduced layout (their component in span(P);
+        the rest is among the removed null directions)."""
+        kron, sup = self._split(v)
+        return torch.cat([kron, self.p.T @ sup])
+
+    def basis_of(self, basis: torch.Tensor) -> torch.Tensor:
+        return basis  # verified groups are already in the reduced layout
+
+    def verified(self, jac_scope: torch.Tensor) -> bool:
+        """J vanishes on the support's complement (two random directions), relative to J's gain."""
+        gen = torch.Generator().manual_seed(1)
+        r = torch.randn(self.p.shape[0], 2, generator=gen, dtype=self.p.dtype).to(self.p.device)
+        off = r - self.p @ (self.p.T @ r)
+        gain = float((self.support_cols @ r).norm() / r.norm())
+        return bool((self.support_cols @ off).norm() <= ACCEPT_RTOL * max(gain, 1e-300) * off.norm())
+
+
+def _reduce(
+    jac: torch.Tensor, blocks: tuple[str, ...], sb: tuple[str, ...], size: int, support: tuple | None
+) -> _Reduction | None:
+    if support is None:
+        return None
+    name, support_blocks, p = support
+    col = {b: slice(i * size, (i + 1) * size) for i, b in enumerate(blocks)}
+    kron = [b for b in sb if b not in support_blocks]
+    kron_cols = torch.cat([jac[:, col[b]] for b in kron], 1) if kron else jac[:, :0]
+    support_cols = torch.cat([jac[:, col[b]] for b in support_blocks], 1)
+    dense = support_cols @ p
+    return _Reduction(name, kron, list(support_blocks), p, kron_cols, support_cols, dense, list(sb), size)
+
+
 def _combine(heads: list[Extremes], expected: int, n_params: int, rtol: float) -> SpectrumSummary:
     smax = max(e.sigma_max for e in heads)
     kept = [e.sigma_min for e in heads if e.sigma_min > rtol * smax]  # the dense reference's cut
@@ -189,7 +251,7 @@ def jacobian_condition(
         result.notes.append(f"input rows span {probe.dim - w0.shape[1]} of {probe.dim} dimensions")
 
     heads = range(probe.num_heads)
-    jacs = [probe.head_jacobian(h) for h in heads]
+    jacs, factors = zip(*(probe.head_jacobian_and_factors(h) for h in heads))
     size = probe.block_size
     scopes = {"all": probe.blocks, **({b: (b,) for b in probe.blocks} if per_block else {})}
     nulls: list[dict[str, ScopeNull]] = [{} for _ in heads]
@@ -197,13 +259,26 @@ def jacobian_condition(
     for scope, sb in scopes.items():
         i0 = probe.blocks.index(sb[0])
         cols = slice(i0 * size, (i0 + len(sb)) * size)  # a scope's blocks are contiguous
+        supports = [probe.layer.jacobian_support(probe.head_inputs(h, sb)) for h in heads]
+        reduced = [_reduce(jacs[h], probe.blocks, sb, size, s) for h, s in enumerate(supports)]
 
-        def apply(h: int, v: torch.Tensor, cols: slice = cols) -> torch.Tensor:
-            return jacs[h][:, cols] @ v
+        def apply(h: int, v: torch.Tensor, cols: slice = cols, reduced: list = reduced) -> torch.Tensor:
+            return jacs[h][:, cols] @ v if reduced[h] is None else reduced[h].apply(v)
 
-        groups, _ = verified_groups(replace(probe, blocks=sb), sb, w0, apply)
+        def transform(h: int, v: torch.Tensor, reduced: list = reduced) -> torch.Tensor:
+            return v if reduced[h] is None else reduced[h].coordinates(v)
+
+        groups, _ = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
         for h in heads:
-            nulls[h][scope], added = _scope_null(groups[h], len(sb) * size, probe.x)
+            red = reduced[h]
+            width = len(sb) * size if red is None else red.kron_cols.shape[1] + red.dense.shape[1]
+            null, added = _scope_null(groups[h], width, probe.x)
+            if red is not None:
+                if not red.verified(jacs[h][:, cols]):
+                    raise RuntimeError(f"{type(layer).__name__}.jacobian_support is not a support of J")
+                null = ScopeNull(red.basis_of(null.basis), False, red.kron, red.dense, red.removed)
+                group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if scope == "all" else 0)
+            nulls[h][scope] = null
             if scope == "all":
                 for g, n in zip(groups[h], added):
                     if n:
@@ -214,10 +289,20 @@ def jacobian_condition(
     if method != "dense":
         for h in heads:
             spectra.append(
-                head_spectra(jacs[h], probe.blocks, probe.head_dim, probe.dim, x_real, nulls[h], rtol, method)
+                head_spectra(
+                    jacs[h],
+                    probe.blocks,
+                    probe.head_dim,
+                    probe.dim,
+                    x_real,
+                    nulls[h],
+                    rtol,
+                    method,
+                    factors[h],
+                )
             )
     for scope, sb in scopes.items():
-        expected = sum(nulls[h][scope].basis.shape[1] for h in heads)
+        expected = sum(nulls[h][scope].basis.shape[1] + nulls[h][scope].reduced for h in heads)
         n_params = probe.num_heads * len(sb) * size
         if method == "dense":
             i0 = probe.blocks.index(sb[0])

@@ -87,29 +87,43 @@ def verified_groups(
     w0: torch.Tensor,
     apply: Callable[[int, torch.Tensor], torch.Tensor],
     seed: int = 0,
+    transform: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[list[NullGroup]], dict[str, int]]:
     """Per head, the candidate groups that ``apply(h, V)`` (= J_h V in the scope's layout) maps to
-    zero; and {group: directions over all heads} (before removing overlaps between groups)."""
+    zero; and {group: directions over all heads} (before removing overlaps between groups).
+    ``transform(h, V)`` maps candidates to the layout ``apply`` takes (a family's reduced
+    coordinates); a group that vanishes there lies among the directions the reduction removed."""
     gen = torch.Generator().manual_seed(seed)
     heads = range(probe.num_heads)
-    size = len(blocks) * probe.head_dim * probe.dim
-    rand = torch.randn(size, probe.num_heads, generator=gen, dtype=torch.float64).to(probe.x.device)
-    gains = [float(apply(h, rand[:, h : h + 1]).norm() / rand[:, h].norm()) for h in heads]
-    reference = max(gains) if gains else 0.0
     cands = [candidates(probe, h, blocks, w0) for h in heads]
-    names = list(dict.fromkeys(n for c in cands for n in c))
+    if transform is not None:
+        for h in heads:
+            for name, g in list(cands[h].items()):
+                mapped = transform(h, g.directions)
+                if float(mapped.norm()) <= 1e-10 * float(g.directions.norm()):
+                    del cands[h][name]
+                else:
+                    cands[h][name] = NullGroup(g.name, g.blocks, mapped)
+    size = len(blocks) * probe.head_dim * probe.dim
+    zero = torch.zeros(size, 1, dtype=torch.float64, device=probe.x.device)
+    sizes = [transform(h, zero).shape[0] if transform else size for h in heads]
+    names = [n for n in dict.fromkeys(n for c in cands for n in c) if all(n in c for c in cands)]
+    # One product per head: a random direction (J's typical gain) and two random combinations
+    # of every group, side by side.
+    norms = []
+    for h in heads:
+        probes = [torch.randn(sizes[h], 1, generator=gen, dtype=torch.float64).to(probe.x.device)]
+        for name in names:
+            g = cands[h][name].directions
+            probes.append(g @ torch.randn(g.shape[1], 2, generator=gen, dtype=torch.float64).to(g.device))
+        v = torch.cat(probes, 1)
+        norms.append((apply(h, v).norm(dim=0), v.norm(dim=0)))
+    reference = max(float(out[0] / inp[0]) for out, inp in norms) if norms else 0.0
     kept: list[list[NullGroup]] = [[] for _ in heads]
     counts: dict[str, int] = {}
-    for name in names:
-        if any(name not in c for c in cands):
-            continue
-        ok = True
-        for h in heads:
-            g = cands[h][name]
-            coefficients = torch.randn(g.directions.shape[1], 2, generator=gen, dtype=torch.float64)
-            combos = g.directions @ coefficients.to(g.directions.device)
-            ok = ok and bool(apply(h, combos).norm() <= ACCEPT_RTOL * reference * combos.norm())
-        if ok:
+    for j, name in enumerate(names):
+        cols = slice(1 + 2 * j, 3 + 2 * j)
+        if all(bool((out[cols] <= ACCEPT_RTOL * reference * inp[cols]).all()) for out, inp in norms):
             for h in heads:
                 kept[h].append(cands[h][name])
             counts[name] = sum(cands[h][name].directions.shape[1] for h in heads)

@@ -21,7 +21,7 @@ from torch.func import functional_call, jvp, vmap
 
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.jacobian import BLOCKS, HeadInputs
+from lra_cond.models.attention.jacobian import BLOCKS, Factored, HeadInputs, columns
 
 BLOCK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
 CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products (AD fallback)
@@ -103,8 +103,17 @@ class Probe:
 
     def head_jacobian(self, h: int, closed_form: bool = True) -> torch.Tensor:
         """Head h's Jacobian (T*d_h, head_size): the family's closed form, else forward-mode AD."""
-        jac = self.layer.head_jacobian(self.head_inputs(h)) if closed_form else None
-        return self.ad_head_jacobian(h) if jac is None else jac
+        return self.head_jacobian_and_factors(h, closed_form)[0]
+
+    def head_jacobian_and_factors(
+        self, h: int, closed_form: bool = True
+    ) -> tuple[torch.Tensor, dict[str, Factored]]:
+        """Head h's Jacobian and the blocks the family gave in factored form."""
+        parts = self.layer.head_jacobian_parts(self.head_inputs(h)) if closed_form else None
+        if parts is None:
+            return self.ad_head_jacobian(h), {}
+        factors = {b: p for b, p in parts.items() if isinstance(p, Factored)}
+        return columns(parts, self.blocks), factors
 
     def ad_head_jacobian(self, h: int) -> torch.Tensor:
         """Forward-mode AD through the explicit kernel, in memory-bounded chunks of columns."""

@@ -40,6 +40,7 @@ import torch
 
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.linalg import RANK_RTOL, spectrum_cut, svdvals
+from lra_cond.models.attention.jacobian import Factored
 
 EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
@@ -56,12 +57,17 @@ class NullGroup:
 
 @dataclass
 class ScopeNull:
-    """The verified null space of one head on one scope: a basis (full rank, not necessarily
-    orthonormal) in the scope's own column layout, and whether every group lies in the value block
+    """One head's problem on one scope: its blocks (columns of the head Jacobian, Kronecker layout),
+    optionally extra dense columns (a family's reduced coordinates for blocks that reach the output
+    only through a subspace), and the verified null space: a basis (full rank, not necessarily
+    orthonormal) in the layout [blocks..., dense], and whether every group lies in the value block
     alone or outside it (then every basis column lies in one of the two)."""
 
     basis: torch.Tensor  # (n_scope, k)
     value_split: bool
+    blocks: list[str] | None = None  # None: the scope's own blocks (all, or the one)
+    dense: torch.Tensor | None = None  # (T * d, r)
+    reduced: int = 0  # null directions already removed by the dense reduction (counted in n_null)
 
 
 @dataclass
@@ -78,12 +84,14 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
     """Y (T, D') if ``block`` (rows (i, a), columns (b, c)) is Y (x) I_d, i.e. block[(i, a), (b, c)] =
     delta_ab Y[i, c]; else None."""
     t, dim = block.shape[0] // d, block.shape[1] // d
-    b4 = block.reshape(t, d, d, dim)
-    y = b4[:, 0, 0]
-    eye = torch.eye(d, dtype=block.dtype, device=block.device)
-    scale = float(y.abs().max()) if y.numel() else 0.0
-    ok = (b4 - torch.einsum("ab,ic->iabc", eye, y)).abs().max() <= 1e-12 * max(scale, 1e-300)
-    return y if bool(ok) else None
+    y = block.reshape(t, d, d, dim)[:, 0, 0]
+    # Checked on random directions (the structure holds exactly or fails by O(1)): one product
+    # instead of comparing every entry.
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(d * dim, 2, generator=gen, dtype=block.dtype).to(block.device)
+    want = torch.einsum("ic,acn->ian", y, v.reshape(d, dim, 2)).reshape(t * d, 2)
+    got = block @ v
+    return y if bool((got - want).norm() <= 1e-12 * max(float(got.norm()), 1e-300)) else None
 
 
 def gram(a: torch.Tensor, panels: int = 4) -> torch.Tensor:
@@ -191,8 +199,8 @@ def input_whitening(x: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
 def output_whitening(a: torch.Tensor, d: int, p: int) -> torch.Tensor:
     """L with (a reshaped (m, d, p)) contracted over rows and c having unit Gram on b: the
     Kronecker preconditioner's output side (the inverse Cholesky factor, transposed)."""
-    a4 = a.reshape(-1, d, p)
-    g = torch.einsum("mbc,mec->be", a4, a4)
+    a2 = a.reshape(-1, d, p).transpose(0, 1).reshape(d, -1)
+    g = a2 @ a2.T
     g = g + 1e-12 * g.diagonal().mean() * torch.eye(d, dtype=g.dtype, device=g.device)
     return torch.linalg.inv(torch.linalg.cholesky(g)).T
 
@@ -209,62 +217,76 @@ DENSE_PRECONDITIONER_MAX = 1536  # larger mixed blocks get a diagonal (Jacobi) p
 
 
 def _deflate_columns(
-    rows: list[torch.Tensor], blocks: list[str], d: int, dim: int, null: torch.Tensor, x: torch.Tensor
+    rows: list[list[torch.Tensor]], d: int, dim: int, null: torch.Tensor, x: torch.Tensor, dense: int = 0
 ) -> tuple[list[torch.Tensor], Preconditioner]:
     """Restrict the columns of every row matrix to N^perp (exactly, by orthogonal transformations)
-    and build the preconditioner for the result.
+    and build the preconditioner for the result. ``rows[j][i]`` is block i of row matrix j (each
+    (m_j, d * D')); ``null`` is the null basis in the blocks' layout.
 
     Each block's input side is rotated so that the null directions' components live in its first
     s_b input coordinates (V_par: the span of their rows); the other coordinates (V_perp) are free
     of null directions and keep their Kronecker structure. Inside the par coordinates the null
-    space is deflated: by its explicit complement, or by Householder reflectors when it is small."""
-    size = d * dim
-    k = null.shape[1]
-    perp, par, t = [], [], Preconditioner()
-    null_par = []
-    for i, _ in enumerate(blocks):
+    space is deflated: by its explicit complement, or by Householder reflectors when it is small.
+    Output columns: every block's V_perp coordinates, then the par complement. With ``dense`` > 0
+    the last matrix of every ``rows[j]`` holds that many extra columns (no Kronecker structure:
+    all of them are par coordinates), and so do the last rows of ``null``."""
+    size, k, n_blocks = d * dim, null.shape[1], len(rows[0]) - (1 if dense else 0)
+    rotations, perp_widths, null_par = [], [], []
+    for i in range(n_blocks):
         nb = null[i * size : (i + 1) * size].T.reshape(k, d, dim)
-        spread = torch.einsum("kac,kae->ce", nb, nb) if k else x.new_zeros(dim, dim)
-        lam, vecs = torch.linalg.eigh(spread)
-        inside = lam > 1e-10 * max(float(lam[-1]), 1e-300) if k else torch.zeros(dim, dtype=torch.bool)
-        v_par, v_perp = vecs[:, inside], vecs[:, ~inside]
-        for j, r in enumerate(rows):
-            r3 = r[:, i * size : (i + 1) * size].reshape(-1, d, dim)
-            perp_r = (r3 @ v_perp).reshape(r.shape[0], -1)
-            par_r = (r3 @ v_par).reshape(r.shape[0], -1)
-            if i == 0:
-                perp.append([perp_r])
-                par.append([par_r])
-            else:
-                perp[j].append(perp_r)
-                par[j].append(par_r)
+        if k:
+            flat = nb.reshape(k * d, dim)
+            lam, vecs = torch.linalg.eigh(flat.T @ flat)
+            inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
+        else:
+            vecs, inside = torch.eye(dim, dtype=x.dtype, device=x.device), torch.zeros(dim, dtype=torch.bool)
+        v_perp, v_par = vecs[:, ~inside], vecs[:, inside]
+        rotations.append(torch.cat([v_perp, v_par], 1))
+        perp_widths.append(d * v_perp.shape[1])
         null_par.append((nb @ v_par).reshape(k, d * v_par.shape[1]).T)
-        if v_perp.shape[1]:
-            t.add_kron(torch.eye(d, dtype=x.dtype, device=x.device), input_whitening(x @ v_perp))
+    if dense:
+        null_par.append(null[n_blocks * size :])
     n_par = sum(np_.shape[0] for np_ in null_par)
-    par_rows = [torch.cat(p, 1) for p in par]
     n_c = n_par - k
+    comp = None
     if n_c and k:
-        nmat = torch.cat(null_par, 0)
-        reflectors, tau = torch.geqrf(nmat)
-        if 7 * k < n_par:  # few null directions: apply the reflectors (~4 m n k flops)
-            par_rows = [torch.ormqr(reflectors, tau, r, left=False, transpose=False)[:, k:] for r in par_rows]
-        else:  # many: multiply by the explicit complement (a GEMM)
+        reflectors, tau = torch.geqrf(torch.cat(null_par, 0))
+        if 7 * k >= n_par:  # many null directions: the explicit complement, applied as a GEMM
             padded = torch.cat([reflectors, reflectors.new_zeros(n_par, n_par - k)], 1)
             comp = torch.linalg.householder_product(padded, torch.cat([tau, tau.new_zeros(n_par - k)]))[:, k:]
-            par_rows = [r @ comp for r in par_rows]
-    elif not n_c:
-        par_rows = [r[:, :0] for r in par_rows]
-    out = [torch.cat([*perp[j], par_rows[j]], 1) for j in range(len(rows))]
-    # output side of each Kronecker block, from the first row matrix (the main rows)
-    start, parts = 0, []
-    for kind, n, mats in t.parts:
-        lb = output_whitening(out[0][:, start : start + n], d, n // d)
-        parts.append((kind, n, (lb, mats[1], torch.linalg.inv(lb), mats[3])))
-        start += n
-    t.parts = parts
+    n_perp = sum(perp_widths)
+    out = []
+    for blocks in rows:
+        m = blocks[0].shape[0]
+        res = blocks[0].new_empty(m, n_perp + n_c)
+        par = blocks[0].new_empty(m, n_par) if n_c else None
+        col = pcol = 0
+        for b, rot, wp in zip(blocks[:n_blocks], rotations, perp_widths):
+            r3 = (b.reshape(m * d, dim) @ rot).reshape(m, d, dim)
+            res[:, col : col + wp] = r3[:, :, : wp // d].reshape(m, wp)
+            col += wp
+            width = size - wp
+            if par is not None and width:
+                par[:, pcol : pcol + width] = r3[:, :, wp // d :].reshape(m, width)
+                pcol += width
+        if dense and par is not None:
+            par[:, pcol:] = blocks[-1]
+        if par is not None:
+            if comp is not None:
+                res[:, n_perp:] = par @ comp
+            elif k:
+                res[:, n_perp:] = torch.ormqr(reflectors, tau, par, left=False, transpose=False)[:, k:]
+            else:
+                res[:, n_perp:] = par
+        out.append(res)
+    t, col = Preconditioner(), 0
+    for rot, wp in zip(rotations, perp_widths):
+        if wp:
+            p = wp // d
+            t.add_kron(output_whitening(out[0][:, col : col + wp], d, p), input_whitening(x @ rot[:, :p]))
+            col += wp
     if n_c:
-        c_main = out[0][:, start:]
+        c_main = out[0][:, n_perp:]
         if n_c <= DENSE_PRECONDITIONER_MAX:
             t.add_dense(dense_whitening(c_main))
         else:
@@ -332,17 +354,22 @@ class _Factor:
         return torch.cat([torch.cat([torch.diag(self.rv), self.c], 1), torch.cat([zeros, a], 1)])
 
 
-def _triangular(rows: list[torch.Tensor], t: Preconditioner, use_qr: bool) -> tuple[torch.Tensor, str]:
-    """R' with R'^T R' = T^T A^T A T (A the stacked rows): Cholesky of the preconditioned Gram, or
-    Householder QR of the preconditioned rows (also when the Gram is not numerically definite)."""
-    pre = [t.right(r) for r in rows]
+def _triangular(
+    rows: list[torch.Tensor], t: Preconditioner, use_qr: bool, g: torch.Tensor | None = None
+) -> tuple[torch.Tensor, str]:
+    """R' with R'^T R' = T^T A^T A T (A the stacked rows): Cholesky of the preconditioned Gram
+    (``g`` when the caller formed it from factors), or Householder QR of the preconditioned rows
+    (also when the Gram is not numerically definite)."""
     if not use_qr:
-        g = gram(pre[0])
-        for p in pre[1:]:
-            g = g + gram(p)
+        if g is None:
+            pre = [t.right(r) for r in rows]
+            g = gram(pre[0])
+            for p in pre[1:]:
+                g = g + gram(p)
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky"
+    pre = [t.right(r) for r in rows]
     r = torch.linalg.qr(torch.cat(pre), mode="r").R
     return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr"
 
@@ -381,10 +408,11 @@ def _solve(
     verified: int,
     rtol: float,
     method: str,
+    g: torch.Tensor | None = None,
 ) -> Extremes:
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
-    r, route = _triangular(rows, t, use_qr=method == "qr")
+    r, route = _triangular(rows, t, use_qr=method == "qr", g=g)
     factor = _Factor(rv, c, r, t, rows, route)
     smax, smin, vec, converged = _extremes(factor)
     if route == "cholesky" and (smin <= rtol * smax or _check(factor, smax, smin, vec) > 0):
@@ -401,6 +429,59 @@ def _solve(
         )
         return Extremes(smax, smin, verified + extra, extra, "svdvals", notes)
     return Extremes(smax, smin, verified, 0, factor.route, notes)
+
+
+def _input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One block's input side split as in ``_deflate_columns``: (V_perp, V_par, null directions)."""
+    k = null.shape[1]
+    if not k:
+        return torch.eye(dim, dtype=null.dtype, device=null.device), null.new_zeros(dim, 0), 0
+    flat = null.T.reshape(k * d, dim)
+    lam, vecs = torch.linalg.eigh(flat.T @ flat)
+    inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
+    return vecs[:, ~inside], vecs[:, inside], k
+
+
+def _factored_scope(
+    f: Factored, rows: list[torch.Tensor], null: torch.Tensor, d: int, dim: int, x: torch.Tensor
+) -> tuple[list[torch.Tensor], Preconditioner, torch.Tensor] | None:
+    """A single block given as factors, whose null directions are all input-side (u w^T: the par
+    coordinates entirely null): its deflated exact rows, Kronecker preconditioner and preconditioned
+    Gram formed from the factors (T d^2 p^2 flops instead of T d (d p)^2). None otherwise."""
+    v_perp, v_par, k = _input_rotation(null, d, dim)
+    if k != d * v_par.shape[1]:
+        return None
+    p = v_perp.shape[1]
+    w = input_whitening(x @ v_perp)
+    if f.kind == "query_local":
+        g_left = f.left.transpose(1, 2) @ f.left  # (T, d, d): G_i^T G_i
+        y = f.right @ v_perp
+        lb = _inverse_cholesky_t(torch.einsum("ibe,i->be", g_left, y.square().sum(1)))
+        left = lb.T @ g_left @ lb
+        y = y @ w
+        right = (y[:, :, None] * y[:, None, :]).reshape(len(y), p * p)
+    else:
+        r = f.right @ v_perp  # (T, d, p)
+        lb = _inverse_cholesky_t(torch.einsum("ib,ie,i->be", f.left, f.left, r.square().sum((1, 2))))
+        u = f.left @ lb
+        left = u[:, :, None] * u[:, None, :]
+        r = r @ w
+        right = (r.transpose(1, 2) @ r).reshape(len(r), p * p)
+    g = (
+        (left.reshape(len(left), d * d).T @ right)
+        .reshape(d, d, p, p)
+        .permute(0, 2, 1, 3)
+        .reshape(d * p, d * p)
+    )
+    t = Preconditioner()
+    t.add_kron(lb, w)
+    exact = [(r.reshape(-1, dim) @ v_perp).reshape(r.shape[0], d * p) for r in rows]
+    return exact, t, g
+
+
+def _inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
+    g = g + 1e-12 * g.diagonal().mean() * torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+    return torch.linalg.inv(torch.linalg.cholesky(g)).T
 
 
 def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
@@ -421,36 +502,42 @@ def head_spectra(
     nulls: dict[str, ScopeNull],
     rtol: float,
     method: str = "gram",
+    factors: dict[str, Factored] | None = None,
 ) -> dict[str, Extremes]:
-    """Extremes of every scope in ``nulls`` ("all" over ``blocks``, or a single block) of one head.
-    ``nulls[scope].basis`` is in the scope's own column layout (its blocks in ``blocks`` order)."""
+    """Extremes of every scope in ``nulls`` ("all", or a single block) of one head: each scope's
+    columns are its ``ScopeNull.blocks`` of ``jac`` (blocks laid out in ``blocks`` order), then its
+    ``dense`` columns. ``factors``: blocks the family gave in factored form (single-block scopes
+    use them). The value elimination's row rotation is shared by the scopes."""
+    factors = factors or {}
     size = d * dim
     col = {b: slice(i * size, (i + 1) * size) for i, b in enumerate(blocks)}
     y = kron_factor(jac[:, col["v"]], d) if "v" in blocks else None
     rotated: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    t_len = jac.shape[0] // d
     if y is not None:  # rows rotated by [Q_Y | Q_perp]^T (x) I: the value block becomes diag(s_Y) (x) I
         u, s_y, _ = torch.linalg.svd(y, full_matrices=True)
         r_y = int((s_y > rtol * s_y[0]).sum())
-        t_len = jac.shape[0] // d
+
+    def rotate(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        m2 = m.reshape(t_len, -1)
+        n = m.shape[1]
+        return (u[:, :r_y].T @ m2).reshape(r_y * d, n), (u[:, r_y:].T @ m2).reshape(-1, n)
 
     def rows_of(b: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Block b's columns with rows rotated: (top: Q_Y part, bottom: Q_perp part), cached."""
         if b not in rotated:
-            j2 = jac[:, col[b]].reshape(t_len, -1)
-            rotated[b] = ((u[:, :r_y].T @ j2).reshape(r_y * d, -1), (u[:, r_y:].T @ j2).reshape(-1, size))
+            rotated[b] = rotate(jac[:, col[b]])
         return rotated[b]
-
-    def columns(part: int, bs: list[str]) -> torch.Tensor:
-        return torch.cat([rows_of(b)[part] for b in bs], 1)
 
     out: dict[str, Extremes] = {}
     for scope, null in nulls.items():
-        sb = list(blocks) if scope == "all" else [scope]
-        basis = null.basis
-        if sb == ["v"] and y is not None:
-            out[scope] = _value_extremes(y, d, basis.shape[1], rtol)
+        sb = null.blocks if null.blocks is not None else (list(blocks) if scope == "all" else [scope])
+        basis, extra = null.basis, [] if null.dense is None else [null.dense]
+        verified = basis.shape[1] + null.reduced
+        if sb == ["v"] and not extra and y is not None:
+            out[scope] = _value_extremes(y, d, verified, rtol)
             continue
-        eliminate = y is not None and "v" in sb and len(sb) > 1 and null.value_split
+        eliminate = y is not None and "v" in sb and len(sb) > 1 and null.value_split and not extra
         if eliminate:
             i_v = sb.index("v")
             v_norm = basis[i_v * size : (i_v + 1) * size].norm(dim=0)
@@ -459,17 +546,26 @@ def head_spectra(
         if eliminate:
             a_blocks = [b for b in sb if b != "v"]
             keep = torch.cat([torch.arange(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"])
-            null_a = basis[:, ~v_part][keep]
             (main, coupling), t = _deflate_columns(
-                [columns(1, a_blocks), columns(0, a_blocks)], a_blocks, d, dim, null_a, x_real
-            )
+                [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]],
+                d, dim, basis[:, ~v_part][keep], x_real,
+            )  # fmt: skip
             value = (s_y[:r_y].repeat_interleave(d), coupling)
-            out[scope] = _solve([main], t, value, basis.shape[1], rtol, method)
+            out[scope] = _solve([main], t, value, verified, rtol, method)
+            continue
+        raw = [jac[:, col[b]] for b in sb] + extra
+        one = scope in factors and sb == [scope] and not extra
+        done = _factored_scope(factors[scope], raw, basis, d, dim, x_real) if one else None
+        if done is not None:
+            exact, t, g = done
+            out[scope] = _solve(exact, t, None, verified, rtol, method, g=g)
+            continue
+        if y is not None:
+            tops, bottoms = zip(*([rows_of(b) for b in sb] + [rotate(e) for e in extra]))
+            rows = [list(bottoms), list(tops)]
         else:
-            if y is not None:
-                rows = [columns(1, sb), columns(0, sb)]
-            else:
-                rows = [torch.cat([jac[:, col[b]] for b in sb], 1)]
-            rows, t = _deflate_columns(rows, sb, d, dim, basis, x_real)
-            out[scope] = _solve(rows, t, None, basis.shape[1], rtol, method)
+            rows = [raw]
+        dense = extra[0].shape[1] if extra else 0
+        rows, t = _deflate_columns(rows, d, dim, basis, x_real, dense=dense)
+        out[scope] = _solve(rows, t, None, verified, rtol, method)
     return out

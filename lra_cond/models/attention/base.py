@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
-from lra_cond.models.attention.jacobian import HeadInputs
+from lra_cond.models.attention.jacobian import HeadInputs, Part
 
 
 class Attention(nn.Module):
@@ -105,9 +105,17 @@ class Attention(nn.Module):
             p.requires_grad_(False)
         return layer
 
-    def head_jacobian(self, inp: HeadInputs) -> torch.Tensor | None:
-        """Closed-form head Jacobian on a ``jacobian_copy`` (layout in ``attention/jacobian.py``),
-        or None: the probe then takes it by forward-mode AD through ``kernel_explicit``."""
+    def head_jacobian_parts(self, inp: HeadInputs) -> dict[str, Part] | None:
+        """Closed-form head Jacobian on a ``jacobian_copy``, block by block ({block: (T, d, d, D')
+        tensor or ``Factored``}, layout in ``attention/jacobian.py``), or None: the probe then
+        takes it by forward-mode AD through ``kernel_explicit``."""
+        return None
+
+    def jacobian_support(self, inp: HeadInputs) -> tuple[str, tuple[str, ...], torch.Tensor] | None:
+        """For blocks that reach the output only through a subspace: (a name, those blocks, an
+        orthonormal basis P (n_blocks * d * D', r) of a subspace holding every direction J sees
+        through them). The probe then works on J_S P: the complement's n - r directions are null
+        (checked numerically). None (default): no such structure."""
         return None
 
     def symmetries(self, inp: HeadInputs) -> dict[str, dict[str, torch.Tensor]]:

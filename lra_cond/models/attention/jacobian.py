@@ -11,8 +11,10 @@ flattened row-major from torch's ``weight[out, in]`` layout, entry (b, c) = d/d 
 (token, output coordinate a), tokens in probe order (sequence by sequence, real tokens only).
 
 A family provides (see ``Attention``):
-* ``head_jacobian(inp)``: that matrix in closed form (the probe falls back to forward-mode AD
-  through the explicit kernel for a family without one);
+* ``head_jacobian_parts(inp)``: that matrix in closed form, block by block, a block either dense
+  ((T, d, d, D') tensor [i, a, b, c]) or ``Factored`` (the probe then also forms its Gram matrix
+  from the factors, T x d^2 x D'^2 instead of T d x (d D')^2); the probe falls back to
+  forward-mode AD through the explicit kernel for a family without one;
 * ``symmetries(inp)``: candidate exact null directions of the Jacobian, by name, per block
   (the probe verifies every group numerically before it deflates it).
 """
@@ -52,8 +54,30 @@ class HeadInputs:
 
 
 # ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')
-# A block's rows (i, a) and columns (b, c) are kept as a 4-index tensor [i, a, b, c] until
-# ``columns`` flattens them.
+# A block's rows (i, a) and columns (b, c) are kept as a 4-index tensor [i, a, b, c] (or as its
+# factors) until ``columns`` flattens them.
+
+
+@dataclass
+class Factored:
+    """A block that factors per token: ``query_local``: [i, a, b, c] = left[i, a, b] right[i, c]
+    (a projection row i's output sees only through its own projection, dA_i = G_i dW x_i);
+    ``outer``: [i, a, b, c] = left[i, b] right[i, a, c] (softmax's keys: q_i[b] R_i[a, c])."""
+
+    kind: str  # "query_local" | "outer"
+    left: torch.Tensor
+    right: torch.Tensor
+
+    def dense(self) -> torch.Tensor:
+        if self.kind == "query_local":
+            return query_local(self.left, self.right)
+        return outer_right(self.left, self.right)
+
+    @staticmethod
+    def cat(parts: list[Factored]) -> Factored:
+        return Factored(
+            parts[0].kind, torch.cat([p.left for p in parts]), torch.cat([p.right for p in parts])
+        )
 
 
 def query_local(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -73,15 +97,24 @@ def value_block(y: torch.Tensor, d: int) -> torch.Tensor:
     return eye[None, :, :, None] * y[:, None, None, :]
 
 
-def columns(parts: dict[str, torch.Tensor], blocks: tuple[str, ...]) -> torch.Tensor:
-    """{block: (L, d, d, D')} -> (L*d, len(blocks)*d*D'), blocks in ``blocks`` order."""
-    first = parts[blocks[0]]
-    rows = first.shape[0] * first.shape[1]
-    return torch.cat([parts[b].reshape(rows, -1) for b in blocks], 1)
+Part = torch.Tensor | Factored
 
 
-def stack_sequences(per_sequence: list[torch.Tensor]) -> torch.Tensor:
+def dense(part: Part) -> torch.Tensor:
+    return part.dense() if isinstance(part, Factored) else part
+
+
+def columns(parts: dict[str, Part], blocks: tuple[str, ...]) -> torch.Tensor:
+    """{block: (L, d, d, D') or Factored} -> (L*d, len(blocks)*d*D'), blocks in ``blocks`` order."""
+    mats = [dense(parts[b]) for b in blocks]
+    rows = mats[0].shape[0] * mats[0].shape[1]
+    return torch.cat([m.reshape(rows, -1) for m in mats], 1)
+
+
+def stack_sequences(per_sequence: list[Part]) -> Part:
     """Rows of every sequence, in probe order."""
+    if isinstance(per_sequence[0], Factored):
+        return Factored.cat(per_sequence)  # type: ignore[arg-type]
     return torch.cat(per_sequence, 0)
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from lra_cond.errors import UserError
-from lra_cond.linalg import RANK_RTOL, null_vectors
+from lra_cond.linalg import RANK_RTOL
 from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.registry import ATTENTIONS
@@ -86,7 +86,7 @@ class LinearAttention(Attention):
         layer.eps = 0.0
         return layer
 
-    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+    def head_jacobian_parts(self, inp: jac.HeadInputs) -> dict[str, jac.Part]:
         """With phi = elu + 1, S = sum_j phi(k_j) v_j^T, z = sum_j phi(k_j), den_i = phi(q_i) . z and
         A_i = S^T phi(q_i) / den_i (eps = 0):
             dA_i/dq_i = (S^T - A_i z^T) diag(phi'(q_i)) / den_i                    (query-local)
@@ -103,7 +103,7 @@ class LinearAttention(Attention):
             if "q" in parts:
                 dphi_q = torch.where(q > 0, torch.ones_like(q), torch.exp(q))  # elu'(q)
                 g = (s.T[None] - a[:, :, None] * z[None, None, :]) * (dphi_q / den[:, None])[:, None, :]
-                parts["q"].append(jac.query_local(g, x))
+                parts["q"].append(jac.Factored("query_local", g, x))
             if "k" in parts:
                 dphi_k = torch.where(k > 0, torch.ones_like(k), torch.exp(k))
                 u = torch.einsum("ja,jb,jc->abc", v, dphi_k, x)
@@ -114,17 +114,23 @@ class LinearAttention(Attention):
             if "v" in parts:
                 p = (phi_q @ phi_k.T) / den[:, None]
                 parts["v"].append(jac.value_block(p @ x, inp.d))
-        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+        return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
-    def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
-        """Keys and values enter only through each sequence's S = sum phi(k) v^T and z = sum phi(k),
-        and (at eps = 0) only up to a common scale of (S, z) per sequence: every (W_K, W_V)
-        direction whose image in (S, z) lies along (S_b, z_b) in every sequence is null. At least
-        2 d D' - B (d^2 + d - 1) directions per head (B sequences): the null space of the small
-        (S, z)-Jacobian with the scaling directions projected out."""
-        blocks = [b for b in ("k", "v") if b in inp.blocks]
-        if not blocks:
-            return {}
+    def _statistics_jacobian(
+        self, inp: jac.HeadInputs, blocks: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The per-sequence statistics (S_b, z_b) stacked, their Jacobian G with respect to the K/V
+        blocks in ``blocks`` ((B (d^2 + d),), (B (d^2 + d), len(blocks) d D')), and the eigenpairs
+        of G G^T (its row space). Cached on this (probe) copy: support and symmetries share it."""
+        key = (inp.h, tuple(blocks))
+        cache = self.__dict__.setdefault("_statistics_cache", {})
+        if key not in cache:
+            stats, g = self._statistics(inp, blocks)
+            lam, vecs = torch.linalg.eigh(g @ g.T)
+            cache[key] = (stats, g, lam, vecs)
+        return cache[key]
+
+    def _statistics(self, inp: jac.HeadInputs, blocks: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         d, dim = inp.d, inp.dim
 
         def statistics(flat: torch.Tensor) -> torch.Tensor:
@@ -136,16 +142,43 @@ class LinearAttention(Attention):
             return torch.cat(out)
 
         theta = torch.cat([inp.w[b].reshape(-1) for b in blocks])
-        stats = statistics(theta)
-        g = torch.func.jacrev(statistics)(theta)  # (B (d^2 + d), len(blocks) d D')
+        return statistics(theta), torch.func.jacrev(statistics)(theta)
+
+    def jacobian_support(self, inp: jac.HeadInputs) -> tuple[str, tuple[str, ...], torch.Tensor] | None:
+        """Keys and values enter only through each sequence's S = sum phi(k) v^T and z = sum phi(k):
+        J sees (W_K, W_V) only through the row space of the small (S, z)-Jacobian G, of dimension
+        <= B (d^2 + d) against 2 d D' parameters (B sequences). The probe works on J P, P an
+        orthonormal basis of that row space; its complement (>= 2 d D' - B (d^2 + d) directions per
+        head, every direction that leaves every (S_b, z_b) fixed) is null."""
+        blocks = [b for b in ("k", "v") if b in inp.blocks]
+        if not blocks:
+            return None
+        _, g, lam, vecs = self._statistics_jacobian(inp, blocks)  # row space from the small Gram
+        keep = lam > (RANK_RTOL**2) * float(lam[-1])
+        if int(keep.sum()) >= g.shape[1]:
+            return None  # no reduction: G has full column rank
+        p = g.T @ (vecs[:, keep] / lam[keep].sqrt())
+        p = torch.linalg.qr(p).Q  # orthonormal to working precision
+        return "key_value_statistics", tuple(blocks), p
+
+    def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
+        """At eps = 0 the output depends on each sequence's (S_b, z_b) only up to a common scale: the
+        parameter direction that scales (S_b, z_b) (the minimum-norm solution of G theta = (S_b,
+        z_b), one per sequence) is null."""
+        blocks = [b for b in ("k", "v") if b in inp.blocks]
+        if "k" not in blocks:
+            return {}  # z depends on K only: V alone cannot scale (S, z) together
+        d, dim = inp.d, inp.dim
+        stats, g, lam, vecs = self._statistics_jacobian(inp, blocks)
         per = d * d + d
-        for b in range(len(inp.xs)):  # project out each sequence's own (S_b, z_b) direction
-            s_b = torch.zeros_like(stats)
-            s_b[b * per : (b + 1) * per] = stats[b * per : (b + 1) * per]
-            s_b = s_b / s_b.norm()
-            g = g - s_b[:, None] * (s_b @ g)[None]
-        null = null_vectors(g, RANK_RTOL)
-        if not null.shape[1]:
-            return {}
-        parts = null.T.reshape(-1, len(blocks), d, dim)
-        return {"key_value_statistics": {b: parts[:, i] for i, b in enumerate(blocks)}}
+        targets = torch.zeros(len(stats), len(inp.xs), dtype=stats.dtype, device=stats.device)
+        for b in range(len(inp.xs)):
+            targets[b * per : (b + 1) * per, b] = stats[b * per : (b + 1) * per]
+        keep = lam > (RANK_RTOL**2) * float(lam[-1])
+        u = vecs[:, keep]
+        theta = g.T @ (u @ ((u.T @ targets) / lam[keep][:, None]))  # minimum-norm: G^T (G G^T)^+
+        residual = (g @ theta - targets).norm() / targets.norm()
+        if float(residual) > 1e-8:
+            return {}  # (S_b, z_b) not reachable: no scaling direction
+        parts = theta.T.reshape(-1, len(blocks), d, dim)
+        return {"key_value_scale": {b: parts[:, i] for i, b in enumerate(blocks)}}

@@ -90,7 +90,7 @@ class NormalizedAttention(Attention):
         probs = F.dropout(torch.softmax(scores, dim=-1), self.attn_dropout, training=self.training)
         return probs @ v
 
-    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+    def head_jacobian_parts(self, inp: jac.HeadInputs) -> dict[str, jac.Part]:
         """With q^ = g q / ||q||, k^ = k / ||k||, P = softmax(q^ k^T), a_i = sum_j P_ij v~_j (v~ = v, or
         v / ||v|| with normalize_v), and N(u) = (I - u^ u^^T) / ||u|| the normalisation's Jacobian:
             dA_i/dq_i = (sum_j P_ij v~_j k^_j^T - a_i kbar^_i^T) g N(q_i)          (query-local)
@@ -113,7 +113,7 @@ class NormalizedAttention(Attention):
                 u = q / nq
                 norm_q = g * (eye - u[:, :, None] * u[:, None, :]) / nq[:, :, None]
                 m = jac.softmax_query_factor(p, k_hat, vt, 1.0)
-                parts["q"].append(jac.query_local(m @ norm_q, x))
+                parts["q"].append(jac.Factored("query_local", m @ norm_q, x))
             if "k" in parts:
                 p1 = p / nk.T  # P_ij / ||k_j||
                 r1 = jac.pair_means(p1, vt, x) - a[:, :, None] * (p1 @ x)[:, None, :]
@@ -132,7 +132,7 @@ class NormalizedAttention(Attention):
                     parts["v"].append(direct - uux.reshape(len(x), d, d, -1))
                 else:
                     parts["v"].append(jac.value_block(p @ x, d))
-        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+        return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         """Normalising q and k keeps only the orthogonal part of the gauge, and makes their scales

@@ -224,7 +224,7 @@ class NystromAttention(Attention):
         inside = (offset >= 0) & (offset < kernel)
         return torch.where(inside, w[offset.clamp(0, kernel - 1)], like.new_zeros(()))
 
-    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+    def head_jacobian_parts(self, inp: jac.HeadInputs) -> dict[str, jac.Part]:
         """O = F Z B V + C V with F = softmax(s Q K~^T), A = softmax(s Q~ K~^T), B = softmax(s Q~ K^T),
         Z = the iterative pinv of A, C the conv skip, Q~ = S Q, K~ = S K (S: segment means, X~ = S X).
         Q and K reach O through F directly (softmax-like, query-local in Q), through B via Q~ and K,
@@ -269,7 +269,7 @@ class NystromAttention(Attention):
                 psi = s * torch.einsum("sart,rb,tc->sabc", j_hat, q_l, x_l)
                 via_a = f @ psi.reshape(m, -1)
                 parts["k"].append(jac.outer_right(q, r_f) + (via_b + via_a).reshape(length, d, d, -1))
-        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+        return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         """Landmark softmaxes see queries and keys through inner products (the gauge) and ignore a

@@ -34,7 +34,7 @@ class SoftmaxAttention(Attention):
         probs = F.dropout(probs, self.attn_dropout, training=self.training)
         return probs @ v
 
-    def head_jacobian(self, inp: jac.HeadInputs) -> torch.Tensor:
+    def head_jacobian_parts(self, inp: jac.HeadInputs) -> dict[str, jac.Part]:
         """With P = softmax(s q k^T), a_i = sum_j P_ij v_j, s = 1/sqrt(d) (from dP_i = (diag P_i -
         P_i P_i^T) ds_i):
             dA_i/dW_Q[b, c] = G_i[:, b] x_i[c],  G_i = s (sum_j P_ij v_j k_j^T - a_i kbar_i^T)
@@ -47,12 +47,12 @@ class SoftmaxAttention(Attention):
             q, k, v = inp.projected(x)
             p = torch.softmax(q @ k.T * s, dim=-1)
             if "q" in parts:
-                parts["q"].append(jac.query_local(jac.softmax_query_factor(p, k, v, s), x))
+                parts["q"].append(jac.Factored("query_local", jac.softmax_query_factor(p, k, v, s), x))
             if "k" in parts:
-                parts["k"].append(jac.outer_right(q, jac.softmax_key_factor(p, v, x, s)))
+                parts["k"].append(jac.Factored("outer", q, jac.softmax_key_factor(p, v, x, s)))
             if "v" in parts:
                 parts["v"].append(jac.value_block(p @ x, inp.d))
-        return jac.columns({b: jac.stack_sequences(ps) for b, ps in parts.items()}, inp.blocks)
+        return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         groups: dict[str, dict[str, torch.Tensor]] = {}
