@@ -59,6 +59,31 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
         assert [layer["n_null_expected"] for layer in h["layers"]] == [192, 192]
 
 
+@pytest.mark.parametrize("family", ["softmax", "nystrom", "normalized", "linear"])
+def test_every_probe_of_a_tiny_fit_is_explained(family: str, tiny_listops: Path, tmp_path: Path) -> None:
+    """100 steps at lr 1e-3 (LayerNorm biases and weights move): at every probe each layer's null
+    count is the verified analytic one, so no probe took the svdvals fallback."""
+    shutil.copytree(tiny_listops, tmp_path / "data")
+    args = ["fit", "--task", "listops", "--attention", family, *TINY_TRAINING, "--model.dim", "16"]
+    args += ["--model.mlp_dim", "32", "--trainer.max_steps", "100", "--trainer.val_check_interval", "50"]
+    args += ["--model.lr", "1e-3", "--model.warmup_steps", "10", "--cond.every_n_steps", "50"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = next((tmp_path / "runs").glob("listops/*/default/*"))
+    history = json.loads((run / "metrics.json").read_text())["cond_history"]
+    assert [h["step"] for h in history] == [0, 50, 100]
+    for h in history:
+        for layer in h["layers"]:
+            if family == "linear" and layer is h["layers"][1]:
+                # Known gap: linear attention's second layer can hold a few exact null directions
+                # mixing W_Q with (W_K, W_V) that the analytic groups miss (features whose queries
+                # keep one sign over the probe); they are counted from svdvals, never hidden.
+                assert layer["n_null"] >= layer["n_null_expected"]
+                continue
+            assert layer["n_null"] == layer["n_null_expected"], (h["step"], layer["notes"])
+            assert not any("svdvals" in n for n in layer["notes"])
+
+
 def test_monitor_settings_are_in_the_config(tmp_path: Path) -> None:
     """On by default at the documented cadence, with the exact fast method; flags change it."""
     proc = run_cli(["fit", "--task", "listops", "--print_config"], tmp_path)
