@@ -212,3 +212,20 @@ def test_factored_blocks_give_the_dense_per_block_values(
     for b in "qkv":
         assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
         assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
+
+
+def test_linear_attention_feature_gauge() -> None:
+    """Features whose queries keep one sign over the probe: phi(q) -> (I + E) phi(q) with (S, z) ->
+    (I - E^T)(S, z) is realised by the parameters for E on the always-positive features (|L|^2)
+    and on the diagonal of the always-non-positive ones (|N|): all of them verified and deflated."""
+    torch.manual_seed(0)
+    layer = build_attention("linear", 12, 1)
+    with torch.no_grad():
+        layer.q_proj.bias[:4] += 3.0  # features 0-3: queries always positive
+        layer.q_proj.bias[4:6] -= 3.0  # features 4-5: always negative
+    x = layer_norm(torch.randn(1, 60, 12, dtype=torch.float64))
+    res = jacobian_condition(layer, x, per_block=False)
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    assert res.null_groups["feature_gauge"] == 4 * 4 + 2
+    assert res.n_null == res.n_null_expected == dense.n_null
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)

@@ -534,7 +534,7 @@ def head_spectra(
         sb = null.blocks if null.blocks is not None else (list(blocks) if scope == "all" else [scope])
         basis, extra = null.basis, [] if null.dense is None else [null.dense]
         verified = basis.shape[1] + null.reduced
-        if sb == ["v"] and not extra and y is not None:
+        if scope == "v" and y is not None:  # exact, whatever reduction the family offers
             out[scope] = _value_extremes(y, d, verified, rtol)
             continue
         eliminate = y is not None and "v" in sb and len(sb) > 1 and null.value_split and not extra

@@ -118,16 +118,19 @@ class LinearAttention(Attention):
 
     def _statistics_jacobian(
         self, inp: jac.HeadInputs, blocks: list[str]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The per-sequence statistics (S_b, z_b) stacked, their Jacobian G with respect to the K/V
         blocks in ``blocks`` ((B (d^2 + d),), (B (d^2 + d), len(blocks) d D')), and the eigenpairs
-        of G G^T (its row space). Cached on this (probe) copy: support and symmetries share it."""
+        the rank-r part of its SVD. Cached on this (probe) copy: support and symmetries share it."""
         key = (inp.h, tuple(blocks))
         cache = self.__dict__.setdefault("_statistics_cache", {})
         if key not in cache:
             stats, g = self._statistics(inp, blocks)
-            lam, vecs = torch.linalg.eigh(g @ g.T)
-            cache[key] = (stats, g, lam, vecs)
+            # An SVD, not eigh(G G^T): the rank must be decided on singular values accurate to
+            # eps * sigma_max (through the Gram, null and genuine values below ~1e-6 blur).
+            u, sv, vh = torch.linalg.svd(g, full_matrices=False)
+            rank = int((sv > RANK_RTOL * sv[0]).sum())
+            cache[key] = (stats, g, u[:, :rank], sv[:rank], vh[:rank])
         return cache[key]
 
     def _statistics(self, inp: jac.HeadInputs, blocks: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,13 +156,10 @@ class LinearAttention(Attention):
         blocks = [b for b in ("k", "v") if b in inp.blocks]
         if not blocks:
             return None
-        _, g, lam, vecs = self._statistics_jacobian(inp, blocks)  # row space from the small Gram
-        keep = lam > (RANK_RTOL**2) * float(lam[-1])
-        if int(keep.sum()) >= g.shape[1]:
+        _, g, _, _, vh = self._statistics_jacobian(inp, blocks)
+        if vh.shape[0] >= g.shape[1]:
             return None  # no reduction: G has full column rank
-        p = g.T @ (vecs[:, keep] / lam[keep].sqrt())
-        p = torch.linalg.qr(p).Q  # orthonormal to working precision
-        return "key_value_statistics", tuple(blocks), p
+        return "key_value_statistics", tuple(blocks), vh.T
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         """At eps = 0 the output depends on each sequence's (S_b, z_b) only up to a common scale: the
@@ -169,16 +169,55 @@ class LinearAttention(Attention):
         if "k" not in blocks:
             return {}  # z depends on K only: V alone cannot scale (S, z) together
         d, dim = inp.d, inp.dim
-        stats, g, lam, vecs = self._statistics_jacobian(inp, blocks)
+        stats, g, u, sv, vh = self._statistics_jacobian(inp, blocks)
         per = d * d + d
         targets = torch.zeros(len(stats), len(inp.xs), dtype=stats.dtype, device=stats.device)
         for b in range(len(inp.xs)):
             targets[b * per : (b + 1) * per, b] = stats[b * per : (b + 1) * per]
-        keep = lam > (RANK_RTOL**2) * float(lam[-1])
-        u = vecs[:, keep]
-        theta = g.T @ (u @ ((u.T @ targets) / lam[keep][:, None]))  # minimum-norm: G^T (G G^T)^+
+        theta = vh.T @ ((u.T @ targets) / sv[:, None])  # minimum-norm: G^+ targets
         residual = (g @ theta - targets).norm() / targets.norm()
         if float(residual) > 1e-8:
             return {}  # (S_b, z_b) not reachable: no scaling direction
         parts = theta.T.reshape(-1, len(blocks), d, dim)
-        return {"key_value_scale": {b: parts[:, i] for i, b in enumerate(blocks)}}
+        groups = {"key_value_scale": {b: parts[:, i] for i, b in enumerate(blocks)}}
+        if "q" in inp.blocks and blocks == ["k", "v"]:
+            feature = self._feature_gauge(inp, g, u, sv, vh, stats)
+            if feature is not None:
+                groups["feature_gauge"] = feature
+        return groups
+
+    @staticmethod
+    def _feature_gauge(inp, g, u, sv, vh, stats):  # noqa: ANN001, ANN205
+        """phi(q_i) -> (I + E) phi(q_i) with (S, z) -> (I - E^T)(S, z) leaves every A_i unchanged; it
+        is a parameter direction when dphi_i = E phi_i is linear in x_i: for E = e_b e_c^T with b, c
+        features whose queries stay positive over the probe (phi = q + 1, phi' = 1: dq_b = q_c + 1),
+        and E = e_b e_b^T for a feature whose queries stay non-positive (phi = phi' = exp(q):
+        dq_b = 1). The (S, z) part comes from the minimum-norm K/V direction; "1" is the input
+        direction w with x . w = 1 on every real row (the bias column)."""
+        d, dim = inp.d, inp.dim
+        x_all = torch.cat(inp.xs)
+        q = x_all @ inp.w["q"].T
+        ones = torch.linalg.lstsq(x_all, torch.ones(len(x_all), 1, dtype=x_all.dtype)).solution[:, 0]
+        if float((x_all @ ones - 1).abs().max()) > 1e-9:
+            return None
+        positive = torch.nonzero((q > 0).all(0)).flatten().tolist()
+        negative = torch.nonzero((q <= 0).all(0)).flatten().tolist()
+        pairs = [(b, c) for b in positive for c in positive] + [(b, b) for b in negative]
+        if not pairs:
+            return None
+        per = d * d + d
+        dq = torch.zeros(len(pairs), d, dim, dtype=q.dtype, device=q.device)
+        targets = torch.zeros(len(stats), len(pairs), dtype=q.dtype, device=q.device)
+        for j, (b, c) in enumerate(pairs):
+            dq[j, b] = (inp.w["q"][c] + ones) if b in positive else ones
+            for s_idx in range(len(inp.xs)):  # (dS, dz) = -E^T (S, z): row c gets -(row b)
+                block = stats[s_idx * per : (s_idx + 1) * per]
+                s_mat, z_vec = block[: d * d].reshape(d, d), block[d * d :]
+                ds, dz = torch.zeros_like(s_mat), torch.zeros_like(z_vec)
+                ds[c], dz[c] = -s_mat[b], -z_vec[b]
+                targets[s_idx * per : (s_idx + 1) * per, j] = torch.cat([ds.reshape(-1), dz])
+        theta = vh.T @ ((u.T @ targets) / sv[:, None])
+        if float((g @ theta - targets).norm()) > 1e-8 * float(targets.norm()):
+            return None
+        kv = theta.T.reshape(len(pairs), 2, d, dim)
+        return {"q": dq, "k": kv[:, 0], "v": kv[:, 1]}
