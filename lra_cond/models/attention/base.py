@@ -1,14 +1,21 @@
-"""The attention contract every family implements.
+"""The attention contract every family implements, and the family registry.
 
 Inits and the Jacobian probe act only through ``q_proj``/``k_proj``/``v_proj``/``out_proj``
 (``nn.Linear``, torch layout ``weight[out, in]``), ``num_heads`` and ``head_dim``; head h owns rows
-``h*head_dim:(h+1)*head_dim`` of the q/k/v weights. A family only supplies its kernel.
+``h*head_dim:(h+1)*head_dim`` of the q/k/v weights. A family is one file: a subclass
+``class MyAttention(Attention, name="mine")`` registers itself under its name, declares its options
+once (``options = {"eps": Option(1e-6, float, positive=True)}``: defaults, types and ranges, checked
+here), and supplies its kernel (and, for the condition-number probe, its Jacobian's closed form and
+symmetries; see ``jacobian.py``).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from einops import rearrange
@@ -16,6 +23,51 @@ from torch import nn
 
 from lra_cond.errors import UserError
 from lra_cond.models.attention.jacobian import HeadInputs, Part
+from lra_cond.registry import Registry
+
+ATTENTIONS: Registry[type] = Registry("attention")
+COMMON_OPTIONS = ("head_dim", "dropout", "bias")  # every family's, set through the encoder
+
+
+@dataclass(frozen=True)
+class Option:
+    """One family option: its default and what it accepts (``kind`` int, float or bool; a
+    ``minimum``, ``positive``, ``None`` allowed, and an extra ``check`` returning an error text)."""
+
+    default: Any
+    kind: type
+    minimum: float | None = None
+    positive: bool = False
+    nullable: bool = False
+    check: Callable[[Any], str | None] | None = None
+
+    def validate(self, family: str, name: str, value: Any) -> Any:
+        if value is None and self.nullable:
+            return None
+        if self.kind is bool:
+            ok, what = isinstance(value, bool), "true or false"
+        elif self.kind is int:
+            ok, what = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        else:
+            ok, what = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        if ok and self.positive:
+            ok, what = value > 0, "a positive number"
+        if ok and self.minimum is not None:
+            ok, what = value >= self.minimum, f"{what} >= {self.minimum:g}"
+        if not ok:
+            raise UserError(f"{family} attention: {name} must be {what}, got {value!r}")
+        problem = self.check(value) if self.check else None
+        if problem:
+            raise UserError(f"{family} attention: {problem}")
+        return float(value) if self.kind is float else value
+
+
+def masked_softmax(scores: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis (keys) of (batch, heads, queries, keys) scores, keys masked where
+    ``key_mask`` (batch, keys) is True."""
+    if key_mask is not None:
+        scores = scores.masked_fill(key_mask[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 class Attention(nn.Module):
@@ -24,7 +76,17 @@ class Attention(nn.Module):
     Subclasses implement ``kernel`` (fast training path) and ``kernel_explicit`` (plain math that
     forward-mode AD and double-backward go through). Both take q, k, v of shape
     (batch, heads, seq, head_dim) and a key padding mask (batch, seq), True at padded positions.
+    A family's options are attributes of the layer once checked; ``build`` makes what they need.
     """
+
+    name: ClassVar[str] = ""
+    options: ClassVar[dict[str, Option]] = {}
+
+    def __init_subclass__(cls, name: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if name is not None:
+            cls.name = name
+            ATTENTIONS.add(name, cls)
 
     def __init__(
         self,
@@ -33,8 +95,16 @@ class Attention(nn.Module):
         head_dim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        **options: Any,
     ) -> None:
         super().__init__()
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            valid = [*COMMON_OPTIONS, *self.options]
+            raise UserError(
+                f"unknown option(s) {', '.join(unknown)} for attention '{self.name}'; "
+                f"valid options: {', '.join(valid)}"
+            )
         if num_heads <= 0:
             raise UserError(f"num_heads must be positive, got {num_heads}")
         if head_dim is None:
@@ -54,6 +124,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(dim, inner, bias=bias)
         self.out_proj = nn.Linear(inner, dim, bias=bias)
         self.explicit = False
+        for key, option in self.options.items():
+            setattr(self, key, option.validate(self.name, key, options.get(key, option.default)))
+        self.build()
+
+    def build(self) -> None:
+        """Make what the family's options need (parameters, submodules); called once they are set."""
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         return rearrange(t, "b n (h d) -> b h n d", h=self.num_heads)

@@ -16,38 +16,23 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL
 from lra_cond.models.attention import jacobian as jac
-from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.registry import ATTENTIONS
+from lra_cond.models.attention.base import Attention, Option
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1.0
 
 
-@ATTENTIONS.register("linear")
-class LinearAttention(Attention):
+class LinearAttention(Attention, name="linear"):
     """elu+1 linear attention; option ``eps`` (1e-6) keeps the denominator away from zero.
 
     Training path: associate right, (phi(K)^T V) first, O(N d^2) time and O(d^2) state per head.
     Explicit path: the N x N similarity matrix phi(Q) phi(K)^T, normalised by its row sums.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        eps: float = 1e-6,
-    ) -> None:
-        super().__init__(dim, num_heads, head_dim, dropout, bias)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
-            raise UserError(f"linear attention: eps must be a positive number, got {eps!r}")
-        self.eps = float(eps)
+    options = {"eps": Option(1e-6, float, positive=True)}
 
     def features(self, q, k, key_padding_mask):  # noqa: ANN001, ANN201
         phi_q, phi_k = feature_map(q), feature_map(k)

@@ -26,11 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL, null_vectors
 from lra_cond.models.attention import jacobian as jac
-from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.registry import ATTENTIONS
+from lra_cond.models.attention.base import Attention, Option, masked_softmax
 from lra_cond.models.attention.sdpa import attend
 
 NORM_EPS = 1e-6  # floor on ||x|| so an all-zero vector normalises to zero instead of NaN
@@ -40,33 +38,18 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_EPS)
 
 
-@ATTENTIONS.register("normalized")
-class NormalizedAttention(Attention):
+class NormalizedAttention(Attention, name="normalized"):
     """QK-norm attention; options ``temperature_init`` (default sqrt(head_dim)) and ``normalize_v``."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        temperature_init: float | None = None,
-        normalize_v: bool = False,
-    ) -> None:
-        super().__init__(dim, num_heads, head_dim, dropout, bias)
-        if temperature_init is None:
-            temperature_init = math.sqrt(self.head_dim)
-        is_number = isinstance(temperature_init, (int, float)) and not isinstance(temperature_init, bool)
-        if not is_number or temperature_init <= 0:
-            raise UserError(
-                f"normalized attention: temperature_init must be a positive number, got {temperature_init!r}"
-            )
-        if not isinstance(normalize_v, bool):
-            raise UserError(f"normalized attention: normalize_v must be true or false, got {normalize_v!r}")
-        self.temperature_init = float(temperature_init)
-        self.normalize_v = normalize_v
-        self.temperature = nn.Parameter(torch.full((num_heads,), self.temperature_init))
+    options = {
+        "temperature_init": Option(None, float, positive=True, nullable=True),
+        "normalize_v": Option(False, bool),
+    }
+
+    def build(self) -> None:
+        if self.temperature_init is None:
+            self.temperature_init = float(math.sqrt(self.head_dim))
+        self.temperature = nn.Parameter(torch.full((self.num_heads,), self.temperature_init))
 
     def reset_parameters(self) -> None:
         """Called by the default init (the projections reset themselves as submodules)."""
@@ -84,10 +67,9 @@ class NormalizedAttention(Attention):
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         q, k, v = self.normalized(q, k, v)
-        scores = q @ k.transpose(-1, -2)
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        probs = F.dropout(torch.softmax(scores, dim=-1), self.attn_dropout, training=self.training)
+        probs = F.dropout(
+            masked_softmax(q @ k.transpose(-1, -2), key_padding_mask), self.attn_dropout, self.training
+        )
         return probs @ v
 
     def head_jacobian_parts(self, inp: jac.HeadInputs) -> dict[str, jac.Part]:

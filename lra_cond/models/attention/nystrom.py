@@ -39,8 +39,7 @@ from torch import nn
 from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL, null_vectors
 from lra_cond.models.attention import jacobian as jac
-from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.registry import ATTENTIONS
+from lra_cond.models.attention.base import Attention, Option, masked_softmax
 from lra_cond.models.attention.sdpa import attend
 
 
@@ -119,48 +118,32 @@ def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> tor
     return out.flatten(2, 3)[:, :, :n]
 
 
-def masked_softmax(scores: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the last axis with keys masked where ``key_mask`` (batch, keys) is True."""
-    if key_mask is not None:
-        scores = scores.masked_fill(key_mask[:, None, None, :], float("-inf"))
-    return torch.softmax(scores, dim=-1)
+def _odd_or_zero(kernel: int | None) -> str | None:
+    if kernel and kernel % 2 == 0:
+        return (
+            f"conv_kernel must be odd (centred on each token), got {kernel}; "
+            f"use {kernel + 1} or 0 to disable the conv skip"
+        )
+    return None
 
 
-def _positive_int(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserError(f"nystrom attention: {name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-@ATTENTIONS.register("nystrom")
-class NystromAttention(Attention):
+class NystromAttention(Attention, name="nystrom"):
     """Nyström attention; options ``num_landmarks`` (64), ``pinv_iterations`` (6) and
     ``conv_kernel`` (35, odd; 0 or None disables the conv skip)."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        head_dim: int | None = None,
-        dropout: float = 0.0,
-        bias: bool = True,
-        num_landmarks: int = 64,
-        pinv_iterations: int = 6,
-        conv_kernel: int | None = 35,
-    ) -> None:
-        super().__init__(dim, num_heads, head_dim, dropout, bias)
-        self.num_landmarks = _positive_int("num_landmarks", num_landmarks)
-        self.pinv_iterations = _positive_int("pinv_iterations", pinv_iterations)
+    options = {
+        "num_landmarks": Option(64, int, minimum=1),
+        "pinv_iterations": Option(6, int, minimum=1),
+        "conv_kernel": Option(35, int, minimum=0, nullable=True, check=_odd_or_zero),
+    }
+
+    def build(self) -> None:
         self.conv: nn.Conv2d | None = None
-        if conv_kernel:
-            if _positive_int("conv_kernel", conv_kernel) % 2 == 0:
-                raise UserError(
-                    f"nystrom attention: conv_kernel must be odd (centred on each token), got {conv_kernel}; "
-                    f"use {conv_kernel + 1} or 0 to disable the conv skip"
-                )
+        if self.conv_kernel:
             # One kernel per head, shared over head_dim: Conv2d over (seq, 1) with heads as channels.
-            kernel, pad = (conv_kernel, 1), (conv_kernel // 2, 0)
-            self.conv = nn.Conv2d(num_heads, num_heads, kernel, padding=pad, groups=num_heads, bias=False)
+            kernel, pad = (self.conv_kernel, 1), (self.conv_kernel // 2, 0)
+            heads = self.num_heads
+            self.conv = nn.Conv2d(heads, heads, kernel, padding=pad, groups=heads, bias=False)
 
     def landmarks(self, q, k, key_padding_mask):  # noqa: ANN001, ANN201
         """Landmarks Q~, K~, pinv(A), and the (batch, m) mask of empty landmarks."""

@@ -9,13 +9,11 @@ import torch.nn.functional as F
 
 from lra_cond.linalg import RANK_RTOL
 from lra_cond.models.attention import jacobian as jac
-from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.registry import ATTENTIONS
+from lra_cond.models.attention.base import Attention, masked_softmax
 from lra_cond.models.attention.sdpa import attend
 
 
-@ATTENTIONS.register("softmax")
-class SoftmaxAttention(Attention):
+class SoftmaxAttention(Attention, name="softmax"):
     """softmax(Q K^T / sqrt(d)) V per head, dropout on the attention probabilities.
 
     Training path: ``attend`` (fused ``F.scaled_dot_product_attention``; on CPU with dropout, the
@@ -27,10 +25,7 @@ class SoftmaxAttention(Attention):
         return attend(q, k, v, key_padding_mask, dropout_p=self.attn_dropout)
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        probs = masked_softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), key_padding_mask)
         probs = F.dropout(probs, self.attn_dropout, training=self.training)
         return probs @ v
 
