@@ -105,7 +105,7 @@ def prepare_main(argv: list[str]) -> None:
     p = OneLineParser(prog="python -m lra_cond prepare", description="Build a prepared data cache.")
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
     p.add_argument("--preset", default="full", help="full (the LRA splits) or tiny (smoke-test size)")
-    p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA or ./data)")
+    p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA, else ~/.cache/lra_cond)")
     p.add_argument(
         "--source",
         default=None,
