@@ -33,7 +33,7 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
     args += ["--cond.every_n_steps", "4", "--cond.method", "dense", "--cond.probe_tokens", "64"]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "runs/listops/softmax/default/seed0"
+    run = tmp_path / "runs/listops-tiny/softmax/default/seed0"
     tags = scalars(run)
     for i in (0, 1):
         for name in ("kappa", "kappa_q", "kappa_k", "kappa_v", "kappa_x"):
@@ -78,7 +78,7 @@ def test_default_fit_measures_at_start_and_end(tiny_listops: Path, tmp_path: Pat
     assert not any(a.startswith("--cond") for a in args)
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "runs/listops/softmax/default/seed0"
+    run = tmp_path / "runs/listops-tiny/softmax/default/seed0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert [h["step"] for h in metrics["cond_history"]] == [0, 8]
     assert metrics["cond_settings"]["method"] == "gram"

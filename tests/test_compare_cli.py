@@ -53,7 +53,7 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
 
 def test_compare_runs_all_then_reuses(compared: tuple[Path, str], tiny_listops: Path) -> None:
     cwd, out = compared
-    root = cwd / "runs" / "listops" / "softmax"
+    root = cwd / "runs" / "listops-tiny" / "softmax"
     for init in INITS:
         for seed in SEEDS:
             run = root / init / f"seed{seed}"
@@ -88,7 +88,7 @@ def test_compare_runs_all_then_reuses(compared: tuple[Path, str], tiny_listops: 
 def test_compare_resumes_an_interrupted_run(compared: tuple[Path, str], tiny_listops: Path) -> None:
     """A run with last.ckpt but no test accuracy is resumed from last.ckpt; the others are reused."""
     cwd, _ = compared
-    run = cwd / "runs" / "listops" / "softmax" / "conditioned" / "seed1"
+    run = cwd / "runs" / "listops-tiny" / "softmax" / "conditioned" / "seed1"
     metrics = json.loads((run / "metrics.json").read_text())
     history = metrics.pop("val_history")
     del metrics["test_acc"]
@@ -138,8 +138,8 @@ def test_ddp_two_process_fit_logs_the_same_keys(compared: tuple[Path, str], tiny
     proc = run_cli(args, cwd, env={"LRA_DATA": str(tiny_listops)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Starting with 2 processes" in proc.stderr + proc.stdout
-    single = cwd / "runs" / "listops" / "softmax" / "default" / "seed0"
-    ddp = cwd / "ddp" / "listops" / "softmax" / "default" / "seed0"
+    single = cwd / "runs" / "listops-tiny" / "softmax" / "default" / "seed0"
+    ddp = cwd / "ddp" / "listops-tiny" / "softmax" / "default" / "seed0"
     m1, m2 = (json.loads((d / "metrics.json").read_text()) for d in (single, ddp))
     assert set(m2) == set(m1) and m2["test_acc"] is not None
     assert [s for s, _ in m2["val_history"]] == [s for s, _ in m1["val_history"]]

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from lra_cond.cli import prog
 from lra_cond.errors import OneLineParser
 from lra_cond.report.collect import Run, collect_runs, config_differences
 from lra_cond.report.plots import plot_all
@@ -83,15 +84,19 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     return report
 
 
+def report_title(runs_dir: Path) -> str:
+    """``<task>[-<preset>][-<run_name>]/<attention>``: the last two parts of the runs folder."""
+    return "/".join(Path(runs_dir).resolve().parts[-2:])
+
+
 def report_main(argv: list[str]) -> None:
     p = OneLineParser(
-        prog="python -m lra_cond report",
+        prog=f"{prog()} report",
         description="Rebuild the init-comparison report from run folders RUNS_DIR/<init>/seed<k>/.",
     )
     p.add_argument("runs_dir", help="e.g. runs/listops/softmax")
     args = p.parse_args(argv)
     runs_dir = Path(args.runs_dir)
     runs = collect_runs(runs_dir)
-    title = "/".join(runs_dir.resolve().parts[-2:])
-    report = write_report(runs, runs_dir / REPORT_DIR, title)
+    report = write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))
     print(f"report written to {report}")
