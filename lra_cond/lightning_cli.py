@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
@@ -33,6 +33,7 @@ from rich.console import Console
 from lra_cond import run_dir
 from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
+from lra_cond.callbacks.progress import StepProgressBar
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
 from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load_checkpoint
@@ -50,6 +51,13 @@ PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in
 LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")
 # Keys of metrics.json that describe how a run ended: a resumed run has not ended yet.
 END_OF_RUN_KEYS = ("stopped", "test_acc", "test_ckpt")
+
+
+def log_interval(max_steps: int) -> int:
+    """``trainer.log_every_n_steps`` when the config leaves it null: about 100 points of the training
+    loss and lr curves on any run length (every step of a short run), at most every 50 steps
+    (Lightning's default, which logged nothing in a run shorter than 50 steps)."""
+    return max(1, min(50, max_steps // 100)) if max_steps and max_steps > 0 else 50
 
 
 def one_line(error: BaseException) -> str:
@@ -294,10 +302,24 @@ class LraCLI(LightningCLI):
             self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], *extra]
         elif cfg.trainer.logger is None:
             kwargs["logger"] = False  # validate/test print their results and write no run folder
+        self.trainer_defaults["callbacks"] = [
+            *self.trainer_defaults["callbacks"],
+            *self._progress_bar(cfg),
+        ]
+        if cfg.trainer.log_every_n_steps is None:
+            kwargs["log_every_n_steps"] = log_interval(cfg.trainer.max_steps)
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as e:
             raise UserError(f"trainer options: {one_line(e)}") from None
+
+    def _progress_bar(self, cfg: Any) -> list[pl.Callback]:
+        """The step bar (lra_cond.callbacks.progress), unless bars are off or the command brings one."""
+        theirs = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+        theirs = theirs if isinstance(theirs, list) else [theirs]
+        if cfg.trainer.enable_progress_bar is False or any(isinstance(c, ProgressBar) for c in theirs):
+            return []
+        return [StepProgressBar()]
 
     # --- fit: the run folder ------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,11 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
     args += ["--cond.every_n_steps", "4", "--cond.method", "dense", "--cond.probe_tokens", "64"]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # A status line before and after every probe (the progress bar stands still meanwhile).
+    for step in (0, 4, 8):
+        what = f"the condition number of 2 attention layers at step {step}"
+        assert f"measuring {what} (probe 64 tokens, dense)..." in proc.stderr
+        assert re.search(rf"measured {what} in \d+\.\d s", proc.stderr)
     run = tmp_path / "runs/listops-tiny/softmax/default/seed0"
     tags = scalars(run)
     for i in (0, 1):
