@@ -122,7 +122,7 @@ class ConditionNumberMonitor(pl.Callback):
             return None
         was_training = pl_module.training
         # A status line: the progress bar stands still for the probe's seconds.
-        console = Console(stderr=True)
+        console = Console(stderr=True, soft_wrap=True, highlight=False)  # one line each, also in logs
         n = len(attention_layers(pl_module))
         what = f"condition number of {n} attention layer{'s' * (n != 1)} at step {trainer.global_step}"
         console.print(f"measuring the {what} (probe {self.probe_tokens} tokens, {self.method})...")
