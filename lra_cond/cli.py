@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lra_cond.errors import OneLineParser, UserError
+from lra_cond.errors import Interrupted, OneLineParser, UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
@@ -307,6 +308,14 @@ def run_lightning(argv: list[str]) -> None:
     saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
     try:
         LraCLI(prog=prog())
+    except Interrupted as e:
+        if not e.resumable:
+            raise
+        again = [*argv]
+        _pop_option(again, "--ckpt_path")
+        raise Interrupted(
+            f"{e}; continue with: {prog()} {shlex.join([*again, '--ckpt_path', 'last'])}"
+        ) from None
     except ArgumentError as e:
         raise UserError(parse_error_message(e, argv[0])) from None
     except MisconfigurationException as e:  # Lightning's own "bad option" errors
@@ -347,6 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(Interrupted.EXIT_STATUS)
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         sys.exit(2)

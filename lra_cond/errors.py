@@ -10,6 +10,17 @@ class UserError(Exception):
     """Bad input the user can fix; the message says what was wrong and how to fix it."""
 
 
+class Interrupted(Exception):
+    """The user stopped a command with Ctrl-C; the CLI prints the message as one ``error:`` line and
+    exits with status 130 (128 + SIGINT, the shell's convention)."""
+
+    EXIT_STATUS = 130
+
+    def __init__(self, message: str, resumable: bool = False) -> None:
+        super().__init__(message)
+        self.resumable = resumable  # fit: --ckpt_path last continues the run
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """argparse's help with ``(default: X)`` after each option that has a default worth showing (not
     None or False, not required, not already stated in its help)."""

@@ -40,7 +40,7 @@ from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load
 from lra_cond.checks import check_model_args, check_seed, check_trainer_args
 from lra_cond.data import LraDataModule
 from lra_cond.data.tasks import TASKS
-from lra_cond.errors import UserError
+from lra_cond.errors import Interrupted, UserError
 from lra_cond.init import INITS
 from lra_cond.models.attention import ATTENTIONS
 from lra_cond.models.module import LraModel, check_schedule
@@ -410,10 +410,33 @@ class LraCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         try:
             super()._run_subcommand(subcommand)
-        except BaseException:
+        except BaseException as e:
             self._release(failed=True)
+            # Lightning turns a KeyboardInterrupt into a graceful shutdown and sys.exit(1).
+            if isinstance(e, (SystemExit, KeyboardInterrupt)) and self.trainer.interrupted:
+                raise self._interrupted() from None
             raise
         self._release(failed=False)
+
+    def _interrupted(self) -> Interrupted:
+        """What an interrupted command left: the step it stopped at and what last.ckpt holds."""
+        trainer = self.trainer
+        if self.subcommand != "fit":
+            return Interrupted("interrupted (Ctrl-C)")
+        resume = next((c for c in trainer.callbacks if isinstance(c, ResumeCheckpoint)), None)
+        if resume is None or not resume.dirpath:
+            return Interrupted(f"interrupted (Ctrl-C) at training step {trainer.global_step}")
+        last = resume.last_path
+        if trainer.state.fn == "test":
+            where = f"interrupted (Ctrl-C) while testing, after all {trainer.global_step} training steps"
+        else:
+            where = f"interrupted (Ctrl-C) at training step {trainer.global_step}"
+        if resume.interrupted_at is not None:
+            return Interrupted(f"{where}; {last} holds that step", resumable=True)
+        if last.is_file():
+            step = load_checkpoint(str(last)).get("global_step")
+            return Interrupted(f"{where}; {last} holds step {step}, the last one saved", resumable=True)
+        return Interrupted(f"{where}, before the first checkpoint: nothing to resume")
 
     def after_fit(self) -> None:
         trainer = self.trainer

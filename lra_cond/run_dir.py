@@ -124,7 +124,7 @@ class Metrics(TypedDict, total=False):
     total_epochs: float | None
     test_acc: float | None  # test accuracy of the tested (best) checkpoint: set once the run is done
     test_ckpt: str | None
-    stopped: str  # why training stopped early (non-finite loss or gradient)
+    stopped: str  # why training stopped early (non-finite loss or gradient, Ctrl-C)
     data_sha256: str  # the prepared data the run started with (cache.data_sha256); a resume checks it
     target_acc: float | None  # EpochsToTarget
     target_source: str | None

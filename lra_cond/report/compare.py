@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 
 from lra_cond import run_dir
 from lra_cond.cli import prog
-from lra_cond.errors import OneLineParser, UserError
+from lra_cond.errors import Interrupted, OneLineParser, UserError
 from lra_cond.report.build import REPORT_DIR, report_title, write_report
 from lra_cond.report.collect import Run, config_differences, init_order, load_config
 from lra_cond.run_dir import State, read_metrics
@@ -101,6 +102,18 @@ def resolved_config(args: list[str]) -> dict[str, Any]:
     cli = parse_only(args, errors_for="compare")  # a bad fit override: one line, before any run
     # Dumped exactly like fit writes config.yaml.
     return yaml.safe_load(cli.resolved_config_text())
+
+
+def run_fit(cmd: list[str]) -> int:
+    """Run one fit and return its exit status. Ctrl-C is passed on to it, once per press: the fit runs
+    in its own session (the terminal's SIGINT reaches compare alone) and stops gracefully at the end
+    of its step with last.ckpt saved (a second Ctrl-C stops it at once); compare waits for it."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    previous = signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def compare_main(argv: list[str]) -> None:
@@ -199,7 +212,12 @@ def compare_main(argv: list[str]) -> None:
         if action == "resume":
             cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
         print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
-        rc = subprocess.run([sys.executable, "-m", "lra_cond", *cmd]).returncode
+        rc = run_fit([sys.executable, "-m", "lra_cond", *cmd])
+        if rc == Interrupted.EXIT_STATUS:
+            raise Interrupted(
+                f"interrupted (Ctrl-C) during the fit of {init} seed {seed} ({path}); rerun compare to "
+                "continue: finished runs are reused and this one resumes from its last.ckpt"
+            )
         if rc != 0:
             raise UserError(
                 f"fit of {init} seed {seed} failed (exit {rc}, output above); rerun compare to resume"
