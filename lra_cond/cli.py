@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> None:
     except Interrupted as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(Interrupted.EXIT_STATUS)
+    except KeyboardInterrupt as e:  # outside training (which raises Interrupted): data generation, ...
+        print(f"error: interrupted (Ctrl-C){f' {e}' if str(e) else ''}", file=sys.stderr)
+        sys.exit(Interrupted.EXIT_STATUS)
     except OSError as e:
         print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
         sys.exit(2)
