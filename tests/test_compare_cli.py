@@ -36,7 +36,7 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    scalars, plugins, hp = set(), set(), {"params": set(), "metrics": set()}
+    scalars, plugins, hp = set(), set(), {"params": set(), "metrics": set(), "values": {}}
     for path in sorted(run.glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
@@ -45,6 +45,8 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
                 if plugin == "hparams":
                     data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
                     hp["params"] |= set(data.session_start_info.hparams)
+                    for name, v in data.session_start_info.hparams.items():
+                        hp["values"][name] = v.string_value if v.HasField("string_value") else v.number_value
                     hp["metrics"] |= {m.name.tag for m in data.experiment.metric_infos}
                 elif plugin == "scalars":
                     scalars.add(value.tag)
@@ -148,5 +150,20 @@ def test_ddp_two_process_fit_logs_the_same_keys(compared: tuple[Path, str], tiny
     assert t2[0] == t1[0] and {"val/acc", "test/acc", "cond/kappa/layer1", "hp/final_kappa"} <= t2[0]
     assert {"hparams", "custom_scalars"} <= t2[1]
     assert t2[2] == t1[2]
-    assert t2[2]["params"] == {"task", "attention", "init", "seed", "lr", "num_params"}
-    assert t2[2]["metrics"] == {"hp/best_val_acc", "hp/steps_to_target", "hp/final_kappa"}
+    assert t2[2]["params"] == {
+        *("task", "preset", "attention", "attention_args", "init", "init_args", "seed", "max_steps"),
+        *("batch_size", "lr", "warmup_steps", "schedule", "cond.every_n_steps", "cond.probe_tokens"),
+        *("cond.method", "num_params"),
+    }
+    # Integers as text (TensorBoard shows a number 0 as "0.0000"), options as JSON, lr a number.
+    values = t1[2]["values"]
+    assert {k: values[k] for k in ("seed", "max_steps", "batch_size", "preset", "cond.probe_tokens")} == {
+        "seed": "0",
+        "max_steps": "4",
+        "batch_size": "32",
+        "preset": "tiny",
+        "cond.probe_tokens": "64",
+    }
+    assert values["attention_args"] == "{}" and values["lr"] == pytest.approx(1e-4)
+    # No target was set: no hp/steps_to_target column (of NaN).
+    assert t2[2]["metrics"] == {"hp/best_val_acc", "hp/final_kappa"}
