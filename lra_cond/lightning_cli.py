@@ -37,7 +37,7 @@ from lra_cond.callbacks.progress import StepProgressBar
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
 from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load_checkpoint
-from lra_cond.checks import check_model_args, check_seed, check_trainer_args
+from lra_cond.checks import check_model_args, check_seed, check_trainer_args, validation_gap
 from lra_cond.data import LraDataModule
 from lra_cond.data.tasks import TASKS
 from lra_cond.errors import Interrupted, UserError
@@ -329,6 +329,12 @@ class LraCLI(LightningCLI):
             return  # fast_dev_run writes no run folder; rank zero alone decides and writes
         # The data first (checked, or generated when missing), as fit itself would: a data error is
         # reported before the run folder is looked at. Lightning's own call then finds it loaded.
+        gap = validation_gap(self.config["fit"].trainer)
+        if gap:
+            Console(stderr=True, soft_wrap=True).print(
+                f"[yellow]warning:[/] no validation will run ({gap}): no best checkpoint and no "
+                "steps-to-target; the final weights are tested (lower --trainer.val_check_interval)"
+            )
         self.datamodule.prepare_data()
         folder = run_dir.RunFolder(self.run_path(self.config["fit"]))
         folder.lock()

@@ -237,6 +237,12 @@ CATALOGUE = [
         "model.lr must be",
     ),
     entry(
+        "compare where no fit would validate",
+        ["compare", "--task", "listops", *TINY_FIT, "--trainer.val_check_interval", "100"],
+        "no fit of this compare would validate (trainer.val_check_interval 100 is more than "
+        "trainer.max_steps 8), so the report",
+    ),
+    entry(
         "compare with a bad seed",
         ["compare", "--task", "listops", "--seeds", "-1"],
         "seed_everything must be",

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from lra_cond import run_dir
+from lra_cond.checks import validation_gap
 from lra_cond.cli import prog
 from lra_cond.errors import Interrupted, OneLineParser, UserError
 from lra_cond.report.build import REPORT_DIR, report_title, write_report
@@ -179,6 +180,12 @@ def compare_main(argv: list[str]) -> None:
         return
 
     reference = resolved_config(fit_args(args.task, args.attention, inits[0], seeds[0], overrides))
+    gap = validation_gap(reference.get("trainer") or {})
+    if gap:
+        raise UserError(
+            f"no fit of this compare would validate ({gap}), so the report would have no accuracies, target "
+            "or steps-to-target; lower --trainer.val_check_interval or raise --trainer.max_steps"
+        )
     where = {"preset": reference["data"]["preset"], "name": reference.get("run_name")}
     runs_dir = run_dir.runs_dir(args.run_root, args.task, args.attention, **where)
     # Decide every job first, so a conflicting folder stops compare before any training.
