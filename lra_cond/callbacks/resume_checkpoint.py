@@ -84,7 +84,13 @@ class ResumeCheckpoint(ModelCheckpoint):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if not self.interrupt_requested or self.interrupted_at is not None:
+        if self.interrupted_at is not None:
+            return
+        if trainer.world_size > 1:  # every process stops at the same step (one saw the signal first)
+            self.interrupt_requested = trainer.strategy.reduce_boolean_decision(
+                self.interrupt_requested, all=False
+            )
+        if not self.interrupt_requested:
             return
         self.interrupted_at = trainer.global_step
         trainer.save_checkpoint(self.last_path)
@@ -95,8 +101,11 @@ class ResumeCheckpoint(ModelCheckpoint):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or trainer.fast_dev_run or not self.dirpath:
             return
-        if self.interrupt_requested and self.interrupted_at is None:  # Ctrl-C during this validation
-            self.interrupted_at = trainer.global_step
+        requested = self.interrupt_requested
+        if trainer.world_size > 1 and self.interrupted_at is None:
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if requested and self.interrupted_at is None:  # Ctrl-C during this validation
+            self.interrupt_requested, self.interrupted_at = True, trainer.global_step
         interrupted = self.interrupted_at is not None and self.interrupted_at == trainer.global_step
         if trainer.global_step > 0 and (trainer.global_step % self.every == 0 or interrupted):
             trainer.save_checkpoint(self.last_path)
