@@ -36,7 +36,7 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    scalars, plugins, hp = set(), set(), {"params": set(), "metrics": set(), "values": {}}
+    scalars, plugins, hp = set(), set(), {"params": set(), "metrics": set(), "values": {}, "first": set()}
     for path in sorted(run.glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
@@ -48,6 +48,7 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
                     for name, v in data.session_start_info.hparams.items():
                         hp["values"][name] = v.string_value if v.HasField("string_value") else v.number_value
                     hp["metrics"] |= {m.name.tag for m in data.experiment.metric_infos}
+                    hp["first"] |= {i.name for i in data.experiment.hparam_infos if i.differs}
                 elif plugin == "scalars":
                     scalars.add(value.tag)
     return scalars, plugins, hp
@@ -155,6 +156,8 @@ def test_ddp_two_process_fit_logs_the_same_keys(compared: tuple[Path, str], tiny
         *("batch_size", "lr", "warmup_steps", "schedule", "cond.every_n_steps", "cond.probe_tokens"),
         *("cond.method", "num_params"),
     }
+    # The five columns the HPARAMS tab shows first (it sorts "differs" first and checks five).
+    assert t2[2]["first"] == {"init", "seed", "preset", "max_steps", "lr"}
     # Integers as text (TensorBoard shows a number 0 as "0.0000"), options as JSON, lr a number.
     values = t1[2]["values"]
     assert {k: values[k] for k in ("seed", "max_steps", "batch_size", "preset", "cond.probe_tokens")} == {

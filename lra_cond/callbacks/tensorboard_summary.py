@@ -47,6 +47,25 @@ def hp_metrics(metrics: dict[str, Any], target: bool = True, kappa: bool = True)
     return {k: math.nan if v is None else float(v) for k, v in values.items() if keep[k]}
 
 
+# The HPARAMS table shows five columns at first: TensorBoard sorts those whose values "differ" first,
+# then by name, and checks the first five. These are marked so: what tells the runs of a comparison
+# apart (init, seed) and what tells a smoke test from a study (preset, max_steps, lr).
+FIRST_COLUMNS = ("init", "seed", "preset", "max_steps", "lr")
+
+
+def first_columns(experiment: Any, names: tuple[str, ...]) -> Any:
+    """The experiment summary of ``torch.utils.tensorboard.summary.hparams`` with ``names`` marked as
+    the columns that differ between runs, so the HPARAMS tab shows them first."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    value = experiment.value[0]
+    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for info in data.experiment.hparam_infos:
+        info.differs = info.name in names
+    value.metadata.plugin_data.content = data.SerializeToString()
+    return experiment
+
+
 def _shown(value: Any) -> str | float | bool:
     """An hparams value as the HPARAMS tab shows it well: numbers with a fractional part stay numbers
     (lr), integers become text (TensorBoard writes every number with 5 significant digits, so a seed
@@ -110,8 +129,16 @@ class TensorBoardSummary(pl.Callback):
         target = any(isinstance(c, EpochsToTarget) and c.active for c in trainer.callbacks)
         kappa = params["cond.every_n_steps"] != "0"
         metrics = hp_metrics(read_metrics(run_dir_of(trainer)), target=target, kappa=kappa)
+        from torch.utils.tensorboard.summary import hparams
+
         for logger in _tensorboard_loggers(trainer):
-            # Called after the trainer's teardown finalized the logger: log_hyperparams reopens the
-            # writer; flush so the session is on disk before the best checkpoint is tested.
-            logger.log_hyperparams(params, metrics=metrics)
+            # What Lightning's log_hyperparams writes (the hp metrics as scalars, then the session),
+            # with FIRST_COLUMNS first; hparams.yaml keeps the model's own hparams. Called after the
+            # trainer's teardown finalized the logger: writing reopens the writer; flush so the
+            # session is on disk before the best checkpoint is tested.
+            logger.log_metrics(metrics)
+            experiment, start, end = hparams(params, metrics)
+            writer = logger.experiment._get_file_writer()
+            for summary in (first_columns(experiment, FIRST_COLUMNS), start, end):
+                writer.add_summary(summary)
             logger.experiment.flush()
