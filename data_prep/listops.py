@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import random
+import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ VOCAB = {s: i + 1 for i, s in enumerate(SYMBOLS)}
 PAREN = {"(", ")"}
 SPLITS = ("train", "val", "test")
 RELEASE_DIR = "listops-1000"
+PARTIAL = "listops-trees.partial"  # the trees of an interrupted generation, next to the release
 
 # Probability that a node above max depth is an operator (reference VALUE_P).
 OPERATOR_P = 0.25
@@ -156,23 +158,109 @@ def _chunk(args: tuple[int, int, ListOpsConfig]) -> list[tuple[str, int]]:
     return out
 
 
-def generate_trees(cfg: ListOpsConfig, seed: int, workers: int = 1) -> list[tuple[str, int]]:
-    """Distinct (source, label) pairs, deterministic in ``seed`` whatever ``workers`` is."""
+def generate_trees(
+    cfg: ListOpsConfig, seed: int, workers: int = 1, partial: Path | None = None
+) -> list[tuple[str, int]]:
+    """Distinct (source, label) pairs, deterministic in ``seed`` whatever ``workers`` is.
+
+    With ``partial``, the trees are also appended to that file chunk by chunk as they are made, so an
+    interrupted generation (Ctrl-C, a kill) continues where it stopped: the chunks are seeded by
+    their index, so the result is the same as one uninterrupted generation. The file is removed when
+    the generation is complete.
+    """
     total = sum(cfg.sizes)
-    seen: dict[str, int] = {}
-    index = 0
-    with progress_bar() as bar, ProcessPoolExecutor(max(1, workers)) if workers > 1 else _Serial() as pool:
-        task = bar.add_task("generating ListOps trees", total=total)
-        while len(seen) < total:
-            need = -(-(total - len(seen)) // CHUNK)
-            jobs = [(seed, index + i, cfg) for i in range(need)]
-            index += need
-            for chunk in pool.map(_chunk, jobs):
-                for source, value in chunk:
-                    if len(seen) < total and source not in seen:
-                        seen[source] = value
-                bar.update(task, completed=len(seen))
+    seen, index = _read_partial(partial, cfg, seed) if partial else ({}, 0)
+    out = _open_partial(partial, cfg, seed, resumed=bool(index)) if partial else None
+    # Workers ignore Ctrl-C: the main process stops them (running chunks finish, queued ones are dropped).
+    pool = ProcessPoolExecutor(workers, initializer=_ignore_sigint) if workers > 1 else _Serial()
+    try:
+        with progress_bar() as bar:
+            what = "generating ListOps trees" + (f" (continuing from {len(seen)})" if seen else "")
+            task = bar.add_task(what, total=total, completed=min(len(seen), total))
+            while len(seen) < total:
+                need = -(-(total - len(seen)) // CHUNK)
+                jobs = [(seed, index + i, cfg) for i in range(need)]
+                for chunk_index, chunk in zip(range(index, index + need), pool.map(_chunk, jobs)):
+                    new = []
+                    for source, value in chunk:
+                        if len(seen) < total and source not in seen:
+                            seen[source] = value
+                            new.append((source, value))
+                    if out is not None:
+                        out.writelines(f"{source}\t{value}\n" for source, value in new)
+                        out.write(f"{_MARK}{chunk_index}\n")
+                        out.flush()
+                    bar.update(task, completed=len(seen))
+                index += need
+    except KeyboardInterrupt:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if out is not None:
+            out.close()
+            raise UserInterrupt(
+                f"while generating ListOps: {len(seen)} of {total} trees are kept in {partial}; the same "
+                "command continues from there"
+            ) from None
+        raise
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        if out is not None:
+            out.close()  # the complete chunks stay usable
+        raise
+    pool.shutdown()
+    if out is not None:
+        out.close()
+        partial.unlink(missing_ok=True)
     return list(seen.items())
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class UserInterrupt(KeyboardInterrupt):
+    """Ctrl-C during a resumable generation: the message says what was kept."""
+
+
+_MARK = "#chunk "  # a line that ends one chunk's trees in the partial file
+
+
+def _partial_header(cfg: ListOpsConfig, seed: int) -> str:
+    return f"#listops trees seed={seed} config={cfg!r}\n"
+
+
+def _read_partial(path: Path, cfg: ListOpsConfig, seed: int) -> tuple[dict[str, int], int]:
+    """The trees of the complete chunks of an interrupted generation with the same seed and config,
+    and the next chunk index (an empty start for another generator's file, or none)."""
+    if not path.is_file():
+        return {}, 0
+    seen: dict[str, int] = {}
+    pending: list[tuple[str, int]] = []
+    index, keep = 0, 0
+    with open(path) as f:
+        if f.readline() != _partial_header(cfg, seed):
+            return {}, 0
+        keep = f.tell()
+        for line in iter(f.readline, ""):
+            if not line.endswith("\n"):
+                break  # torn by a kill mid-write
+            if line.startswith(_MARK):
+                seen.update(pending)
+                pending, index, keep = [], int(line[len(_MARK) :]) + 1, f.tell()
+            else:
+                source, value = line.rstrip("\n").split("\t")
+                pending.append((source, int(value)))
+    with open(path, "r+") as f:
+        f.truncate(keep)  # drop a chunk that was not complete
+    return seen, index
+
+
+def _open_partial(path: Path, cfg: ListOpsConfig, seed: int, resumed: bool):  # noqa: ANN202
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if resumed:
+        return open(path, "a")
+    f = open(path, "w")
+    f.write(_partial_header(cfg, seed))
+    return f
 
 
 class _Serial:
@@ -187,11 +275,14 @@ class _Serial:
     def map(self, fn, jobs):  # noqa: ANN001, ANN201
         return map(fn, jobs)
 
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        return None
+
 
 def write_release(out_dir: Path, preset: str = "full", seed: int = 0, workers: int = 1) -> Path:
     """Generate ListOps and write it in the official release layout; returns the release dir."""
     cfg = PRESETS[preset]
-    trees = generate_trees(cfg, seed, workers)
+    trees = generate_trees(cfg, seed, workers, partial=Path(out_dir) / PARTIAL)
     release = Path(out_dir) / RELEASE_DIR
     release.mkdir(parents=True, exist_ok=True)
     start = 0

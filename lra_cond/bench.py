@@ -28,17 +28,25 @@ EXAMPLE_ARGS = '{"num_landmarks": 64}'
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from lra_cond.cli import prog
     from lra_cond.data.tasks import TASKS
+    from lra_cond.errors import HelpFormatter
     from lra_cond.models.attention import ATTENTIONS
 
-    p = argparse.ArgumentParser(prog="python -m lra_cond bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog=f"{prog()} bench",
+        description="Time real training steps (forward, loss, backward, AdamW step) of the training model at "
+        "a given shape, on random token batches, and print one JSON line: step times, tokens/s, peak memory, "
+        "FLOPs, the task's data-loader rate and one condition-number probe.",
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--attention", required=True, help=f"one of: {', '.join(ATTENTIONS.names())}")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--batch-size", type=int, required=True, help="sequences per batch")
     p.add_argument("--task", default="listops", help=f"vocabulary/classes of: {', '.join(TASKS.names())}")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
     p.add_argument("--explicit", action="store_true", help="use the explicit-math attention path")
     p.add_argument("--padded", action="store_true", help="random lengths in [seq/2, seq] (padding)")
     p.add_argument("--attention-args", default="{}", help="JSON dict, e.g. '{\"num_landmarks\": 64}'")
@@ -46,7 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None, help="prepared data root for the loader rate")
     p.add_argument("--preset", default="full", help="data preset for the loader rate")
     p.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the DataModule's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and the random batches")
     p.add_argument("--no-probe", action="store_true", help="skip timing the condition-number probe")
     args = p.parse_args(argv)
     ATTENTIONS.get(args.attention)

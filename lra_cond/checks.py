@@ -116,3 +116,17 @@ def check_trainer_args(trainer: Any, fit: bool) -> None:
     _fraction_or_count("limit_train_batches", trainer.get("limit_train_batches"), zero_ok=not fit)
     for name in ("limit_val_batches", "limit_test_batches"):
         _fraction_or_count(name, trainer.get(name), zero_ok=True)
+
+
+def validation_gap(trainer: Any) -> str | None:
+    """Why a ``fit`` with these trainer options would never validate (so: no best checkpoint, no
+    steps-to-target, a report without accuracies), or None when it validates."""
+    limit = trainer.get("limit_val_batches")
+    if limit is not None and not isinstance(limit, bool) and limit == 0:
+        return "trainer.limit_val_batches is 0"
+    interval, steps = trainer.get("val_check_interval"), trainer.get("max_steps")
+    accumulate = trainer.get("accumulate_grad_batches") or 1
+    by_steps = trainer.get("check_val_every_n_epoch") is None and type(interval) is int
+    if by_steps and steps is not None and 0 < steps * accumulate < interval:
+        return f"trainer.val_check_interval {interval} is more than trainer.max_steps {steps}"
+    return None

@@ -3,15 +3,43 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class UserError(Exception):
     """Bad input the user can fix; the message says what was wrong and how to fix it."""
 
 
+class Interrupted(Exception):
+    """The user stopped a command with Ctrl-C; the CLI prints the message as one ``error:`` line and
+    exits with status 130 (128 + SIGINT, the shell's convention)."""
+
+    EXIT_STATUS = 130
+
+    def __init__(self, message: str, resumable: bool = False) -> None:
+        super().__init__(message)
+        self.resumable = resumable  # fit: --ckpt_path last continues the run
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with ``(default: X)`` after each option that has a default worth showing (not
+    None or False, not required, not already stated in its help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if unset or action.required or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that raises ``UserError`` (one line) instead of printing usage and exiting."""
+    """argparse that raises ``UserError`` (one line) instead of printing usage and exiting, and shows
+    the options' defaults in its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} (see: {self.prog} --help)")

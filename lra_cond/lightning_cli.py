@@ -17,6 +17,7 @@ What the commands may write (``lra_cond.run_dir`` owns the folder):
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import lightning.pytorch as pl
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from rich.console import Console
@@ -32,12 +33,16 @@ from rich.console import Console
 from lra_cond import run_dir
 from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
+from lra_cond.callbacks.progress import StepProgressBar
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
 from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load_checkpoint
-from lra_cond.checks import check_model_args, check_seed, check_trainer_args
+from lra_cond.checks import check_model_args, check_seed, check_trainer_args, validation_gap
 from lra_cond.data import LraDataModule
-from lra_cond.errors import UserError
+from lra_cond.data.tasks import TASKS
+from lra_cond.errors import Interrupted, UserError
+from lra_cond.init import INITS
+from lra_cond.models.attention import ATTENTIONS
 from lra_cond.models.module import LraModel, check_schedule
 
 # A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
@@ -46,6 +51,13 @@ PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in
 LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")
 # Keys of metrics.json that describe how a run ended: a resumed run has not ended yet.
 END_OF_RUN_KEYS = ("stopped", "test_acc", "test_ckpt")
+
+
+def log_interval(max_steps: int) -> int:
+    """``trainer.log_every_n_steps`` when the config leaves it null: about 100 points of the training
+    loss and lr curves on any run length (every step of a short run), at most every 50 steps
+    (Lightning's default, which logged nothing in a run shorter than 50 steps)."""
+    return max(1, min(50, max_steps // 100)) if max_steps and max_steps > 0 else 50
 
 
 def one_line(error: BaseException) -> str:
@@ -73,7 +85,7 @@ class RunStart(pl.Callback):
 
 
 class LraCLI(LightningCLI):
-    def __init__(self, args: list[str] | None = None) -> None:
+    def __init__(self, args: list[str] | None = None, prog: str | None = None) -> None:
         self._folder: run_dir.RunFolder | None = None  # the locked run folder (fit, rank zero)
         self._resume: dict[str, Any] | None = None  # the checkpoint fit resumes from
         self._note: str | None = None
@@ -99,9 +111,24 @@ class LraCLI(LightningCLI):
                     FiniteGuard(),
                 ],
             },
-            parser_kwargs=PARSER_KWARGS,
+            parser_kwargs={**PARSER_KWARGS, **({"prog": prog} if prog else {})},
             args=args,
         )
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: Any, subparser_kwargs: Any) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        from lra_cond.cli import plain_text
+
+        # Help texts come from docstrings (Lightning's are reStructuredText): plain text in --help.
+        for parser in [self.parser, *getattr(self, "_subcommand_parsers", {}).values()]:
+            parser.description = plain_text(parser.description) if parser.description else None
+            for action in parser._actions:
+                if isinstance(action.help, str):
+                    action.help = plain_text(action.help)
+            for group in parser._action_groups:
+                for attr in ("title", "description"):
+                    if isinstance(getattr(group, attr, None), str):
+                        setattr(group, attr, plain_text(getattr(group, attr)))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
@@ -109,7 +136,16 @@ class LraCLI(LightningCLI):
         # Inactive unless --target.acc A or --target.from_run RUN_DIR is given; --target.stop true.
         parser.add_lightning_class_args(EpochsToTarget, "target")
         parser.add_argument(
-            "--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>"
+            "--run_root",
+            default="runs",
+            help="runs go to RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/<init>/seed<k> (the preset "
+            "when it is not full)",
+        )
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="a name for a variant of a study (e.g. lr3e-4), added to the task's folder",
         )
         parser.add_argument(
             "--checkpoint_every",
@@ -118,6 +154,22 @@ class LraCLI(LightningCLI):
             help="write checkpoints/last.ckpt every N training steps (and at the end); "
             "resume an interrupted run with --ckpt_path last",
         )
+        from lra_cond.cli import SHORTCUTS
+
+        # The valid names in the help of the options the shortcuts set (and of data.task).
+        names = {
+            "model.attention": ATTENTIONS.names(),
+            "model.init": INITS.names(),
+            "data.task": TASKS.names(),
+        }
+        for action in parser._actions:
+            if action.dest in names:
+                action.help = f"{action.help or ''} One of: {', '.join(names[action.dest])}.".strip()
+        shortcuts = ", ".join(f"{short} (= {full})" for short, full in SHORTCUTS.items())
+        parser.description = (
+            f"{parser.description or ''} Shortcuts: --task TASK (loads configs/defaults.yaml and "
+            f"configs/TASK.yaml first, one of: {', '.join(TASKS.names())}), {shortcuts}."
+        ).strip()
         parser.link_arguments("data.task", "model.task")
         # One length setting: the model's position table is as long as the data's truncation
         # (None on both sides = the task's maximum).
@@ -128,7 +180,13 @@ class LraCLI(LightningCLI):
     @staticmethod
     def run_path(cfg: Any) -> Path:
         return run_dir.run_path(
-            cfg.run_root, cfg.data.task, cfg.model.attention, cfg.model.init, cfg.seed_everything
+            cfg.run_root,
+            cfg.data.task,
+            cfg.model.attention,
+            cfg.model.init,
+            cfg.seed_everything,
+            preset=cfg.data.preset,
+            name=cfg.run_name,
         )
 
     def resolved_config_text(self, subcommand: str = "fit") -> str:
@@ -147,6 +205,7 @@ class LraCLI(LightningCLI):
             return
         cfg = self.config[subcommand]
         check_seed(cfg.seed_everything)
+        run_dir.check_run_name(cfg.run_name)
         check_trainer_args(cfg.trainer, fit=subcommand == "fit")
         # LraModel checks the same (for library use); here they also stop compare before any run.
         model = cfg.model
@@ -226,7 +285,13 @@ class LraCLI(LightningCLI):
             # One folder per run: runs/<task>/<attention>/<init>/seed<k>/ (TensorBoard overlays inits).
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=cfg.run_root,
-                name=run_dir.run_name(cfg.data.task, cfg.model.attention, cfg.model.init),
+                name=run_dir.run_name(
+                    cfg.data.task,
+                    cfg.model.attention,
+                    cfg.model.init,
+                    preset=cfg.data.preset,
+                    name=cfg.run_name,
+                ),
                 version=run_dir.seed_name(cfg.seed_everything),
                 default_hp_metric=False,
             )
@@ -237,10 +302,24 @@ class LraCLI(LightningCLI):
             self.trainer_defaults["callbacks"] = [*self.trainer_defaults["callbacks"], *extra]
         elif cfg.trainer.logger is None:
             kwargs["logger"] = False  # validate/test print their results and write no run folder
+        self.trainer_defaults["callbacks"] = [
+            *self.trainer_defaults["callbacks"],
+            *self._progress_bar(cfg),
+        ]
+        if cfg.trainer.log_every_n_steps is None:
+            kwargs["log_every_n_steps"] = log_interval(cfg.trainer.max_steps)
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as e:
             raise UserError(f"trainer options: {one_line(e)}") from None
+
+    def _progress_bar(self, cfg: Any) -> list[pl.Callback]:
+        """The step bar (lra_cond.callbacks.progress), unless bars are off or the command brings one."""
+        theirs = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+        theirs = theirs if isinstance(theirs, list) else [theirs]
+        if cfg.trainer.enable_progress_bar is False or any(isinstance(c, ProgressBar) for c in theirs):
+            return []
+        return [StepProgressBar()]
 
     # --- fit: the run folder ------------------------------------------------------------------------
 
@@ -250,6 +329,12 @@ class LraCLI(LightningCLI):
             return  # fast_dev_run writes no run folder; rank zero alone decides and writes
         # The data first (checked, or generated when missing), as fit itself would: a data error is
         # reported before the run folder is looked at. Lightning's own call then finds it loaded.
+        gap = validation_gap(self.config["fit"].trainer)
+        if gap:
+            Console(stderr=True, soft_wrap=True).print(
+                f"[yellow]warning:[/] no validation will run ({gap}): no best checkpoint and no "
+                "steps-to-target; the final weights are tested (lower --trainer.val_check_interval)"
+            )
         self.datamodule.prepare_data()
         folder = run_dir.RunFolder(self.run_path(self.config["fit"]))
         folder.lock()
@@ -331,10 +416,33 @@ class LraCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         try:
             super()._run_subcommand(subcommand)
-        except BaseException:
+        except BaseException as e:
             self._release(failed=True)
+            # Lightning turns a KeyboardInterrupt into a graceful shutdown and sys.exit(1).
+            if isinstance(e, (SystemExit, KeyboardInterrupt)) and self.trainer.interrupted:
+                raise self._interrupted() from None
             raise
         self._release(failed=False)
+
+    def _interrupted(self) -> Interrupted:
+        """What an interrupted command left: the step it stopped at and what last.ckpt holds."""
+        trainer = self.trainer
+        if self.subcommand != "fit":
+            return Interrupted("interrupted (Ctrl-C)")
+        resume = next((c for c in trainer.callbacks if isinstance(c, ResumeCheckpoint)), None)
+        if resume is None or not resume.dirpath:
+            return Interrupted(f"interrupted (Ctrl-C) at training step {trainer.global_step}")
+        last = resume.last_path
+        if trainer.state.fn == "test":
+            where = f"interrupted (Ctrl-C) while testing, after all {trainer.global_step} training steps"
+        else:
+            where = f"interrupted (Ctrl-C) at training step {trainer.global_step}"
+        if resume.interrupted_at is not None:
+            return Interrupted(f"{where}; {last} holds that step", resumable=True)
+        if last.is_file():
+            step = load_checkpoint(str(last)).get("global_step")
+            return Interrupted(f"{where}; {last} holds step {step}, the last one saved", resumable=True)
+        return Interrupted(f"{where}, before the first checkpoint: nothing to resume")
 
     def after_fit(self) -> None:
         trainer = self.trainer
@@ -359,3 +467,33 @@ class LraCLI(LightningCLI):
                 "testing the final weights (lower --trainer.val_check_interval)"
             )
             trainer.test(self.model, datamodule=self.datamodule)
+
+
+class ParseOnly(LraCLI):
+    """Parses and checks a command line as ``fit``/``validate``/``test`` would, and builds nothing."""
+
+    def _set_seed(self) -> None:  # parsing only: leave the global RNG alone
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def parse_only(argv: list[str], errors_for: str | None = None) -> ParseOnly:
+    """``argv`` (``[command, options...]``, shortcuts allowed) parsed and checked; a parse error is one
+    line pointing at the help of ``errors_for`` (default: the command)."""
+    from jsonargparse import ArgumentError
+
+    from lra_cond.cli import expand_shortcuts, parse_error_message, prog
+
+    # Through sys.argv, as run_lightning does (LightningCLI warns when args and sys.argv both hold some).
+    saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
+    try:
+        return ParseOnly(prog=prog())
+    except ArgumentError as e:
+        raise UserError(parse_error_message(e, errors_for or argv[0])) from None
+    finally:
+        sys.argv = saved

@@ -1,4 +1,6 @@
-"""The run folder: one run = ``<run_root>/<task>/<attention>/<init>/seed<k>/``.
+"""The run folder: one run = ``<run_root>/<group>/<attention>/<init>/seed<k>/``, where the group is
+the task, then ``-<preset>`` unless the preset is ``full``, then ``-<run_name>`` when one is given
+(``listops``, ``listops-tiny``, ``listops-lr3e-4``).
 
 This module owns everything about it: the layout, the ``metrics.json`` schema and its one reader and
 writer, ``config.yaml``, the single definition of a *finished* run, what state a folder is in, and
@@ -40,9 +42,28 @@ SEED_DIR = re.compile(r"^seed(\d+)$")
 # --- layout ----------------------------------------------------------------------------------------
 
 
-def run_name(task: str, attention: str, init: str) -> str:
+RUN_NAME = re.compile(r"^[\w+=-][\w.+=-]*$")
+
+
+def check_run_name(name: str | None) -> None:
+    """A run name is one folder name: letters, digits and ``_ . + = -``, not starting with ``.``."""
+    if name is not None and not RUN_NAME.match(name):
+        raise UserError(
+            f"run_name {name!r} must be one folder name (letters, digits, '_', '.', '+', '=', '-'; not "
+            "starting with '.'), e.g. --run_name lr3e-4"
+        )
+
+
+def group_name(task: str, *, preset: str, name: str | None) -> str:
+    """The folder of one study below the run root: the task, ``-<preset>`` unless it is ``full``,
+    ``-<name>`` when a run name is given."""
+    check_run_name(name)
+    return "-".join([task, *([preset] if preset != "full" else []), *([name] if name else [])])
+
+
+def run_name(task: str, attention: str, init: str, *, preset: str, name: str | None) -> str:
     """The folder of one init's runs below the run root (TensorBoard's ``name``)."""
-    return f"{task}/{attention}/{init}"
+    return f"{group_name(task, preset=preset, name=name)}/{attention}/{init}"
 
 
 def seed_name(seed: int) -> str:
@@ -50,13 +71,15 @@ def seed_name(seed: int) -> str:
     return f"seed{seed}"
 
 
-def runs_dir(run_root: str | Path, task: str, attention: str) -> Path:
-    """The folder holding every init's runs of one task and attention (what ``compare`` fills)."""
-    return Path(run_root) / task / attention
+def runs_dir(run_root: str | Path, task: str, attention: str, *, preset: str, name: str | None) -> Path:
+    """The folder holding every init's runs of one study and attention (what ``compare`` fills)."""
+    return Path(run_root) / group_name(task, preset=preset, name=name) / attention
 
 
-def run_path(run_root: str | Path, task: str, attention: str, init: str, seed: int) -> Path:
-    return Path(run_root) / run_name(task, attention, init) / seed_name(seed)
+def run_path(
+    run_root: str | Path, task: str, attention: str, init: str, seed: int, *, preset: str, name: str | None
+) -> Path:
+    return Path(run_root) / run_name(task, attention, init, preset=preset, name=name) / seed_name(seed)
 
 
 def seed_of(folder: str | Path) -> int | None:
@@ -101,7 +124,7 @@ class Metrics(TypedDict, total=False):
     total_epochs: float | None
     test_acc: float | None  # test accuracy of the tested (best) checkpoint: set once the run is done
     test_ckpt: str | None
-    stopped: str  # why training stopped early (non-finite loss or gradient)
+    stopped: str  # why training stopped early (non-finite loss or gradient, Ctrl-C)
     data_sha256: str  # the prepared data the run started with (cache.data_sha256); a resume checks it
     target_acc: float | None  # EpochsToTarget
     target_source: str | None
@@ -243,6 +266,7 @@ RESUME_MAY_CHANGE = (
     "ckpt_path",
     "config",  # the paths of the YAML files (e.g. another checkout); their values are compared
     "run_root",  # the folder may have been moved
+    "run_name",  # ... or renamed
     "data.data_dir",  # the same prepared data at another place (e.g. node-local scratch)
     "data.num_workers",
     "checkpoint_every",

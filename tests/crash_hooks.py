@@ -40,3 +40,15 @@ class PoisonAtStep(pl.Callback):
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_step == self.step and self.target == "grad":
             pl_module.net.head[-1].bias.grad[0] = float("inf")
+
+
+class SigintAtStep(pl.Callback):
+    """Send SIGINT (Ctrl-C) to this process during training step ``step + 1``, after its backward and
+    before its optimizer update, as a user pressing Ctrl-C mid-step would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)

@@ -24,7 +24,7 @@ def test_tiny_fit(attention, init, tiny_listops, tmp_path):
         args += ["--model.attention_args", ATTENTION_ARGS[attention]]
     result = run_cli(args, tmp_path, env={"LRA_DATA": str(tiny_listops)})
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "listops" / attention / init / "seed0"
+    run_dir = tmp_path / "runs" / "listops-tiny" / attention / init / "seed0"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["total_steps"] == 8
     assert [step for step, _ in metrics["val_history"]] == [4, 8]

@@ -89,6 +89,12 @@ CATALOGUE = [
         "the lr schedule needs a finite number of training steps",
     ),
     entry("unknown schedule", [*FIT, "--model.schedule", "cosine"], "unknown schedule 'cosine'; valid"),
+    entry("run name with a slash", [*FIT, "--run_name", "a/b"], "run_name 'a/b' must be one folder name"),
+    entry(
+        "compare with a hidden run name",
+        ["compare", "--task", "listops", "--run_name", ".x", "--plan"],
+        "run_name '.x' must be one folder name",
+    ),
     entry("zero checkpoint cadence", [*FIT, "--checkpoint_every", "0"], "checkpoint_every must be positive"),
     entry("heads do not divide dim", [*FIT, "--model.num_heads", "3"], "num_heads=3 does not divide dim=64"),
     entry(
@@ -216,8 +222,8 @@ CATALOGUE = [
     ),
     entry(
         "damaged metrics.json as target",
-        [*FIT, "--target.from_run", "damaged_json/listops/softmax/default/seed0", "--run_root", "fresh"],
-        "damaged_json/listops/softmax/default/seed0/metrics.json is not valid JSON",
+        [*FIT, "--target.from_run", "damaged_json/listops-tiny/softmax/default/seed0", "--run_root", "fresh"],
+        "damaged_json/listops-tiny/softmax/default/seed0/metrics.json is not valid JSON",
     ),
     entry("compare without --task", ["compare"], "the following arguments are required: --task (see: python"),
     entry(
@@ -229,6 +235,12 @@ CATALOGUE = [
         "compare with a bad fit option",
         ["compare", "--task", "listops", "--model.lr", "0"],
         "model.lr must be",
+    ),
+    entry(
+        "compare where no fit would validate",
+        ["compare", "--task", "listops", *TINY_FIT, "--trainer.val_check_interval", "100"],
+        "no fit of this compare would validate (trainer.val_check_interval 100 is more than "
+        "trainer.max_steps 8), so the report",
     ),
     entry(
         "compare with a bad seed",
@@ -256,18 +268,18 @@ CATALOGUE = [
     ),
     entry(
         "report of a damaged metrics.json",
-        ["report", "damaged_json/listops/softmax"],
-        "damaged_json/listops/softmax/default/seed0/metrics.json is not valid JSON",
+        ["report", "damaged_json/listops-tiny/softmax"],
+        "damaged_json/listops-tiny/softmax/default/seed0/metrics.json is not valid JSON",
     ),
     entry(
         "report of a metrics.json of the wrong type",
-        ["report", "damaged_type/listops/softmax"],
+        ["report", "damaged_type/listops-tiny/softmax"],
         "metrics.json: test_acc = 'high' is not a float | None; the run folder is damaged",
     ),
     entry(
         "report of a damaged config.yaml",
-        ["report", "damaged_yaml/listops/softmax"],
-        "damaged_yaml/listops/softmax/default/seed0/config.yaml is not valid YAML",
+        ["report", "damaged_yaml/listops-tiny/softmax"],
+        "damaged_yaml/listops-tiny/softmax/default/seed0/config.yaml is not valid YAML",
     ),
     entry(
         "bench with a non-integer",
@@ -354,7 +366,7 @@ def write_source(
 
 
 def damaged_run(root: Path, metrics: str, config: str = "model:\n  lr: 0.001\n") -> None:
-    run = root / "listops/softmax/default/seed0"
+    run = root / "listops-tiny/softmax/default/seed0"
     run.mkdir(parents=True)
     (run / "metrics.json").write_text(metrics)
     (run / "config.yaml").write_text(config)
@@ -373,7 +385,7 @@ def workdir(tmp_path_factory, tiny_listops) -> Path:
     """Data, an earlier run's folder, broken sources, a corrupt cache and a small teacher."""
     cwd = tmp_path_factory.mktemp("bad_inputs")
     shutil.copytree(tiny_listops, cwd / "data")
-    earlier = cwd / "runs/listops/softmax/default/seed0"
+    earlier = cwd / "runs/listops-tiny/softmax/default/seed0"
     (earlier / "checkpoints").mkdir(parents=True)
     (earlier / "config.yaml").write_text("earlier run\n")
     (earlier / "metrics.json").write_text(json.dumps({"best_val_acc": 0.5}) + "\n")
@@ -411,7 +423,7 @@ def workdir(tmp_path_factory, tiny_listops) -> Path:
     # A compare run folder that stopped before its first checkpoint (same config as compare's fit).
     from lra_cond.report.compare import fit_args, resolved_config
 
-    stopped = cwd / "stopped/listops/softmax/default/seed0"
+    stopped = cwd / "stopped/listops-tiny/softmax/default/seed0"
     config = resolved_config(
         fit_args("listops", "softmax", "default", 0, [*TINY_FIT, "--run_root", "stopped"])
     )
@@ -445,7 +457,7 @@ def test_probe_too_small_for_full_rank_is_a_warning_in_the_history(workdir, tmp_
     proc = run_cli(args, workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "condition number not measured" in proc.stderr  # rich may wrap the rest of the line
-    metrics = json.loads((tmp_path / "listops/softmax/default/seed0/metrics.json").read_text())
+    metrics = json.loads((tmp_path / "listops-tiny/softmax/default/seed0/metrics.json").read_text())
     reasons = [layer["reason"] for entry in metrics["cond_history"] for layer in entry["layers"]]
     assert reasons and all("probe too small to be full rank" in r for r in reasons)
 
@@ -461,11 +473,11 @@ def test_a_real_process_prints_the_same_one_line_error(workdir):
 
 SMALL = [*TINY_FIT, "--model.dim", "16", "--model.mlp_dim", "32", "--model.lr", "1e-3"]
 RUN_FIT = ["fit", "--task", "listops", *SMALL]
-RUN = Path("runs/listops/softmax/default/seed0")
+RUN = Path("runs/listops-tiny/softmax/default/seed0")
 
 
 def runs_at(root: str) -> Path:
-    return Path(root) / "listops/softmax/default/seed0"
+    return Path(root) / "listops-tiny/softmax/default/seed0"
 
 
 def without_test_acc(folder: Path) -> None:
@@ -520,13 +532,14 @@ RUN_CASES = [
     ),
     entry("rerun the same command", RUN_FIT, f"{RUN} already holds a finished run"),
     entry(
+        # listops + run name "tiny" names the folder of the tiny preset's run
         "full preset into the tiny run's folder",
-        [*RUN_FIT, "--data.preset", "full"],
+        [*RUN_FIT, "--data.preset", "full", "--run_name", "tiny"],
         "with other options (data.preset); to keep it, start this run elsewhere with --run_root DIR",
     ),
     entry(
         "full preset resumes the tiny run's checkpoint",
-        [*RUN_FIT, "--data.preset", "full", "--run_root", "unfinished", *LAST],
+        [*RUN_FIT, "--data.preset", "full", "--run_name", "tiny", "--run_root", "unfinished", *LAST],
         "this command changes data.preset, which a resume may not change",
     ),
     entry("resume a finished run", [*RUN_FIT, *LAST], "finished run (test accuracy"),
@@ -589,12 +602,12 @@ RUN_CASES = [
     entry(
         "moved without its best checkpoint",
         [*RUN_FIT, "--run_root", "partial", *LAST],
-        "(recorded in last.ckpt) is not in partial/listops/softmax/default/seed0/checkpoints",
+        "(recorded in last.ckpt) is not in partial/listops-tiny/softmax/default/seed0/checkpoints",
     ),
     entry(
         "test the last checkpoint of a run that does not exist",
         [*TEST, "--seed_everything", "5", *LAST],
-        "--ckpt_path last: there is no runs/listops/softmax/default/seed5/checkpoints/last.ckpt",
+        "--ckpt_path last: there is no runs/listops-tiny/softmax/default/seed5/checkpoints/last.ckpt",
     ),
 ]
 

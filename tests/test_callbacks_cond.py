@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -33,7 +34,12 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
     args += ["--cond.every_n_steps", "4", "--cond.method", "dense", "--cond.probe_tokens", "64"]
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "runs/listops/softmax/default/seed0"
+    # A status line before and after every probe (the progress bar stands still meanwhile).
+    for step in (0, 4, 8):
+        what = f"the condition number of 2 attention layers at step {step}"
+        assert f"measuring {what} (probe 64 tokens, dense)..." in proc.stderr
+        assert re.search(rf"measured {what} in \d+\.\d s", proc.stderr)
+    run = tmp_path / "runs/listops-tiny/softmax/default/seed0"
     tags = scalars(run)
     for i in (0, 1):
         for name in ("kappa", "kappa_q", "kappa_k", "kappa_v", "kappa_x"):
@@ -103,7 +109,7 @@ def test_default_fit_measures_at_start_and_end(tiny_listops: Path, tmp_path: Pat
     assert not any(a.startswith("--cond") for a in args)
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "runs/listops/softmax/default/seed0"
+    run = tmp_path / "runs/listops-tiny/softmax/default/seed0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert [h["step"] for h in metrics["cond_history"]] == [0, 8]
     assert metrics["cond_settings"]["method"] == "gram"

@@ -11,7 +11,7 @@ import torch
 import yaml
 from conftest import TINY_FIT, assert_one_line_error, run_cli
 
-RUN = Path("runs/listops/softmax/conditioned/seed0")
+RUN = Path("runs/listops-tiny/softmax/conditioned/seed0")
 
 
 @pytest.fixture(scope="module")

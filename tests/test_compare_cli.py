@@ -36,7 +36,7 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    scalars, plugins, hp = set(), set(), {"params": set(), "metrics": set()}
+    scalars, plugins, hp = set(), set(), {"params": set(), "metrics": set(), "values": {}, "first": set()}
     for path in sorted(run.glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
@@ -45,7 +45,10 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
                 if plugin == "hparams":
                     data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
                     hp["params"] |= set(data.session_start_info.hparams)
+                    for name, v in data.session_start_info.hparams.items():
+                        hp["values"][name] = v.string_value if v.HasField("string_value") else v.number_value
                     hp["metrics"] |= {m.name.tag for m in data.experiment.metric_infos}
+                    hp["first"] |= {i.name for i in data.experiment.hparam_infos if i.differs}
                 elif plugin == "scalars":
                     scalars.add(value.tag)
     return scalars, plugins, hp
@@ -53,7 +56,7 @@ def _event_tags(run: Path) -> tuple[set[str], set[str], dict]:
 
 def test_compare_runs_all_then_reuses(compared: tuple[Path, str], tiny_listops: Path) -> None:
     cwd, out = compared
-    root = cwd / "runs" / "listops" / "softmax"
+    root = cwd / "runs" / "listops-tiny" / "softmax"
     for init in INITS:
         for seed in SEEDS:
             run = root / init / f"seed{seed}"
@@ -88,7 +91,7 @@ def test_compare_runs_all_then_reuses(compared: tuple[Path, str], tiny_listops: 
 def test_compare_resumes_an_interrupted_run(compared: tuple[Path, str], tiny_listops: Path) -> None:
     """A run with last.ckpt but no test accuracy is resumed from last.ckpt; the others are reused."""
     cwd, _ = compared
-    run = cwd / "runs" / "listops" / "softmax" / "conditioned" / "seed1"
+    run = cwd / "runs" / "listops-tiny" / "softmax" / "conditioned" / "seed1"
     metrics = json.loads((run / "metrics.json").read_text())
     history = metrics.pop("val_history")
     del metrics["test_acc"]
@@ -138,8 +141,8 @@ def test_ddp_two_process_fit_logs_the_same_keys(compared: tuple[Path, str], tiny
     proc = run_cli(args, cwd, env={"LRA_DATA": str(tiny_listops)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Starting with 2 processes" in proc.stderr + proc.stdout
-    single = cwd / "runs" / "listops" / "softmax" / "default" / "seed0"
-    ddp = cwd / "ddp" / "listops" / "softmax" / "default" / "seed0"
+    single = cwd / "runs" / "listops-tiny" / "softmax" / "default" / "seed0"
+    ddp = cwd / "ddp" / "listops-tiny" / "softmax" / "default" / "seed0"
     m1, m2 = (json.loads((d / "metrics.json").read_text()) for d in (single, ddp))
     assert set(m2) == set(m1) and m2["test_acc"] is not None
     assert [s for s, _ in m2["val_history"]] == [s for s, _ in m1["val_history"]]
@@ -148,5 +151,22 @@ def test_ddp_two_process_fit_logs_the_same_keys(compared: tuple[Path, str], tiny
     assert t2[0] == t1[0] and {"val/acc", "test/acc", "cond/kappa/layer1", "hp/final_kappa"} <= t2[0]
     assert {"hparams", "custom_scalars"} <= t2[1]
     assert t2[2] == t1[2]
-    assert t2[2]["params"] == {"task", "attention", "init", "seed", "lr", "num_params"}
-    assert t2[2]["metrics"] == {"hp/best_val_acc", "hp/steps_to_target", "hp/final_kappa"}
+    assert t2[2]["params"] == {
+        *("task", "preset", "attention", "attention_args", "init", "init_args", "seed", "max_steps"),
+        *("batch_size", "lr", "warmup_steps", "schedule", "cond.every_n_steps", "cond.probe_tokens"),
+        *("cond.method", "num_params"),
+    }
+    # The five columns the HPARAMS tab shows first (it sorts "differs" first and checks five).
+    assert t2[2]["first"] == {"init", "seed", "preset", "max_steps", "lr"}
+    # Integers as text (TensorBoard shows a number 0 as "0.0000"), options as JSON, lr a number.
+    values = t1[2]["values"]
+    assert {k: values[k] for k in ("seed", "max_steps", "batch_size", "preset", "cond.probe_tokens")} == {
+        "seed": "0",
+        "max_steps": "4",
+        "batch_size": "32",
+        "preset": "tiny",
+        "cond.probe_tokens": "64",
+    }
+    assert values["attention_args"] == "{}" and values["lr"] == pytest.approx(1e-4)
+    # No target was set: no hp/steps_to_target column (of NaN).
+    assert t2[2]["metrics"] == {"hp/best_val_acc", "hp/final_kappa"}

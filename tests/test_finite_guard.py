@@ -67,7 +67,7 @@ def test_cli_reports_non_finite_loss_as_one_line(tmp_path, tiny_listops):
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
     args = ["fit", "--task", "listops", *TINY_FIT, "--checkpoint_every", "2", *hook]
     proc = run_cli(args, tmp_path, env=env)
-    last = Path("runs/listops/softmax/default/seed0/checkpoints/last.ckpt")
+    last = Path("runs/listops-tiny/softmax/default/seed0/checkpoints/last.ckpt")
     assert_one_line_error(proc, "non-finite loss (nan) at training step 6;")
     assert f"last good checkpoint: {last} (step 4), untouched" in proc.stderr
     assert torch.load(tmp_path / last, map_location="cpu", weights_only=False)["global_step"] == 4

@@ -85,7 +85,7 @@ def conditioned_run(tiny_listops: Path, tmp_path_factory: pytest.TempPathFactory
     args = ["fit", "--task", "listops", "--init", "conditioned", "--model.init_args", '{"v_scale": 2.0}']
     res = run_cli([*args, *TINY_FIT], cwd, env={"LRA_DATA": str(tiny_listops)})
     assert res.returncode == 0, res.stderr[-3000:]
-    return cwd, cwd / "runs/listops/softmax/conditioned/seed0"
+    return cwd, cwd / "runs/listops-tiny/softmax/conditioned/seed0"
 
 
 def test_cli_records_scheme_and_params(conditioned_run: tuple[Path, Path]) -> None:
@@ -110,7 +110,7 @@ def test_cli_weight_selection_from_a_run(conditioned_run: tuple[Path, Path], tin
     args += ["--model.dim", "32", "--model.mlp_dim", "64", "--run_root", "students"]
     res = run_cli([*args, *TINY_FIT], cwd, env={"LRA_DATA": str(tiny_listops)})
     assert res.returncode == 0, res.stderr[-3000:]
-    out = cwd / "students/listops/softmax/weight-selection/seed0"
+    out = cwd / "students/listops-tiny/softmax/weight-selection/seed0"
     assert yaml.safe_load((out / "hparams.yaml").read_text())["init_args"] == {"checkpoint": str(ckpt)}
     assert json.loads((out / "metrics.json").read_text())["total_steps"] == 8
 

@@ -233,3 +233,79 @@ def test_generator_matches_reference_distribution():
     assert np.abs(ecdf[0] - ecdf[1]).max() < 0.07
     for key, tol in (("arity_hist", 0.03), ("op_freq", 0.02), ("labels", 0.05)):
         assert np.abs(f[key] - r[key]).max() < tol, (key, f[key], r[key])
+
+
+def test_an_interrupted_generation_continues_where_it_stopped(tmp_path, monkeypatch):
+    """Ctrl-C at chunk 5 keeps chunks 0-4 in the partial file; the same call then makes only the rest,
+    and the trees are those of one uninterrupted generation (also past a line torn by a kill)."""
+    monkeypatch.setattr(listops, "CHUNK", 40)
+    cfg = listops.PRESETS["tiny"]
+    straight = listops.generate_trees(cfg, seed=3)
+    real, made, armed = listops._chunk, [], [True]
+
+    def chunk(args):  # noqa: ANN001, ANN202
+        if args[1] == 5 and armed[0]:
+            raise KeyboardInterrupt
+        made.append(args[1])
+        return real(args)
+
+    monkeypatch.setattr(listops, "_chunk", chunk)
+    partial = tmp_path / "source" / listops.PARTIAL
+    with pytest.raises(
+        KeyboardInterrupt, match=rf"while generating ListOps: \d+ of 768 trees are kept in {partial}"
+    ):
+        listops.generate_trees(cfg, 3, partial=partial)
+    made.clear()
+    lines = partial.read_text().splitlines()
+    assert lines[0] == f"#listops trees seed=3 config={cfg!r}" and lines[-1] == "#chunk 4"
+    with open(partial, "a") as f:
+        f.write("( ( [MAX 2 ")  # a line cut short by a kill
+    armed[0] = False
+    assert listops.generate_trees(cfg, 3, partial=partial) == straight
+    assert made[0] == 5 and not partial.exists()  # chunks 0-4 were not made again
+
+
+def test_a_partial_file_of_another_seed_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(listops, "CHUNK", 40)
+    cfg = listops.PRESETS["tiny"]
+    partial = tmp_path / listops.PARTIAL
+    partial.write_text(f"#listops trees seed=3 config={cfg!r}\n( 1 )\t1\n#chunk 0\n")
+    assert listops.generate_trees(cfg, 4, partial=partial) == listops.generate_trees(cfg, 4)
+
+
+def test_ctrl_c_of_prepare_is_one_line_saying_what_was_kept(tmp_path, monkeypatch, capfd):
+    from lra_cond.cli import main
+
+    real = listops._chunk
+
+    def chunk(args):  # noqa: ANN001, ANN202
+        if args[1] == 1:
+            raise KeyboardInterrupt
+        return real(args)
+
+    monkeypatch.setattr(listops, "_chunk", chunk)
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "prepare",
+                "--task",
+                "listops",
+                "--preset",
+                "tiny",
+                "--data-dir",
+                str(tmp_path),
+                "--workers",
+                "1",
+            ]
+        )
+    assert exit_.value.code == 130
+    partial = tmp_path / "listops/tiny/source" / listops.PARTIAL
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        f"error: interrupted (Ctrl-C) while generating ListOps: 500 of 768 trees are kept in {partial}; "
+        "the same "
+        "command continues from there"
+    )
+    assert (
+        not (tmp_path / "listops/tiny/.lock").exists() and not (tmp_path / "listops/tiny/prepared").exists()
+    )

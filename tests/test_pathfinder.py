@@ -324,7 +324,7 @@ def test_cli_prepare_and_fit_tiny(tmp_path: Path) -> None:
     fit += ["--data.batch_size", "16", "--trainer.max_steps", "4"]  # later flags win
     r = run_cli(fit, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    (metrics_file,) = (tmp_path / "runs" / "pathfinder").rglob("metrics.json")
+    (metrics_file,) = (tmp_path / "runs" / "pathfinder-tiny").rglob("metrics.json")
     metrics = json.loads(metrics_file.read_text())
     assert metrics["total_steps"] == 4
     assert 0.0 <= metrics["best_val_acc"] <= 1.0 and 0.0 <= metrics["test_acc"] <= 1.0

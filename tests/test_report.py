@@ -188,3 +188,79 @@ def test_report_missing_folder_is_one_line_error(tmp_path: Path, capsys: pytest.
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: no such runs folder")
+
+
+def write_metrics(root: Path, init: str, seed: int, metrics: dict, config: dict) -> None:
+    run = root / init / f"seed{seed}"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_report_states_the_setup_and_plots_target_and_chance(synthetic: Path) -> None:
+    from lra_cond.report.build import chance_level, setup_of
+    from lra_cond.report.collect import collect_runs
+    from lra_cond.report.plots import val_acc_figure
+
+    main(["report", str(synthetic)])
+    report = (synthetic / "compare" / "report.md").read_text()
+    setup = report.split("## Setup\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert setup == [
+        "- task: listops",
+        "- attention: softmax",
+        f"- training steps: {STEPS}",
+        "- batch: 32",
+        "- peak lr: 0.0001",
+        "- validation: every 100 steps",
+        "- seeds: default: 0, 1, 2; conditioned: 0, 1, 2",
+    ]
+    runs = collect_runs(synthetic)
+    assert chance_level(runs) == pytest.approx(0.1)  # ListOps: 10 classes
+    assert setup_of(runs)["training steps"] == str(STEPS)
+    fig, ok = val_acc_figure(runs, "t", target=0.6, chance=0.1)
+    lines = {line.get_label(): line.get_ydata() for line in fig.axes[0].get_lines()}
+    assert ok and list(lines["target 60.00% (default, best val)"]) == [60.0, 60.0]
+    assert list(lines["chance 10%"]) == [10.0, 10.0]
+    assert "default (n=3)" in lines and "conditioned (n=3)" in lines
+
+
+def test_summary_json_is_strict_json(tmp_path: Path) -> None:
+    """One seed per init: every std is NaN, written as null (JSON has no NaN; JSON.parse failed)."""
+    root = tmp_path / "r"
+    write_run(root, "default", 0, [[100, 0.5]], 0.5, base_config("default", 0))
+    write_run(root, "conditioned", 0, [[100, 0.6]], 0.6, base_config("conditioned", 0))
+    main(["report", str(root)])
+    text = (root / "compare" / "summary.json").read_text()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    summary = json.loads(text, parse_constant=refuse)
+    default = next(r for r in summary["rows"] if r["init"] == "default")
+    assert default["best_val"]["mean"] == 0.5 and default["best_val"]["std"] is None
+    assert summary["setup"]["training steps"] == str(STEPS)
+
+
+def test_report_without_validation_says_what_happened(tmp_path: Path) -> None:
+    """Runs whose val_check_interval exceeded max_steps: default runs exist, but none validated."""
+    import warnings
+
+    root = tmp_path / "r"
+    for init in ("default", "conditioned"):
+        for seed in (0, 1):
+            config = base_config(init, seed)
+            config["trainer"].update(max_steps=50, val_check_interval=100)
+            metrics = {"best_val_acc": None, "val_history": [], "test_acc": 0.3, "total_steps": 50}
+            write_metrics(root, init, seed, metrics, config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no matplotlib "No artists with labels" warning
+        main(["report", str(root)])
+    report = (root / "compare" / "report.md").read_text()
+    why = (
+        "the 2 `default` runs have no validation accuracy (no validation ran: trainer.val_check_interval 100 "
+        "is more than trainer.max_steps 50)"
+    )
+    assert f"**Target accuracy: n/a** ({why})" in report
+    assert f"- **warning:** {why}: no target accuracy, steps-to-target or speedup." in report
+    assert "no `default` init runs" not in report
+    assert "- Validation accuracy vs step: no data in these runs." in report

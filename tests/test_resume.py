@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-RUN = Path("listops/softmax/conditioned/seed0")
+RUN = Path("listops-tiny/softmax/conditioned/seed0")
 # 16 batches per epoch (512 / 32): the kills land mid-epoch 0, the resumed run crosses into epoch 1.
 # Step 8 is a checkpoint step only; step 12 is a checkpoint step and a validation step.
 ARGS = [

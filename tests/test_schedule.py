@@ -18,7 +18,7 @@ from conftest import REPO, TINY_FIT, assert_one_line_error, run_cli, run_cli_in_
 LR, BETAS, WARMUP = 1e-3, (0.9, 0.999), 5
 BATCHES_PER_EPOCH = 512 // 32  # tiny ListOps train split, batch 32
 HOOKS = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
-RUN = Path("runs/listops/softmax/default/seed0")
+RUN = Path("runs/listops-tiny/softmax/default/seed0")
 # name -> (extra fit arguments, steps the schedule must span)
 CASES = {
     "onecycle": ([], 20),

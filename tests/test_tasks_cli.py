@@ -21,7 +21,9 @@ def test_prepare_tiny_then_fit(tmp_path: Path, task: str) -> None:
     fit = run_cli(["fit", "--task", task, "--attention", "softmax", "--init", "conditioned", *FIT], tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]
     metrics = json.loads(
-        (tmp_path / "runs" / task / "softmax" / "conditioned" / "seed0" / "metrics.json").read_text()
+        (
+            tmp_path / "runs" / f"{task}-tiny" / "softmax" / "conditioned" / "seed0" / "metrics.json"
+        ).read_text()
     )
     assert metrics["total_steps"] == 4
     assert [step for step, _ in metrics["val_history"]] == [2, 4]

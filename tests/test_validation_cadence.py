@@ -78,3 +78,25 @@ def test_steps_to_target_has_the_config_cadence(tmp_path: Path) -> None:
     rows = build_rows([Run("default", 0, Path(trainer.log_dir), metrics)], TARGET)
     assert rows[0].steps_per_seed == [150]  # a 250-step cadence could only have said 250
     assert rows[0].epochs.mean == 150 / 70
+
+
+def test_fit_that_will_not_validate_warns_up_front(tiny_listops, tmp_path):
+    """val_check_interval beyond max_steps: a warning before training, not only the end's."""
+    from conftest import TINY_FIT, run_cli
+
+    args = ["fit", "--task", "listops", *TINY_FIT, "--model.dim", "16", "--model.mlp_dim", "32"]
+    proc = run_cli(
+        [*args, "--trainer.val_check_interval", "100"], tmp_path, env={"LRA_DATA": str(tiny_listops)}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    up_front = (
+        "warning: no validation will run (trainer.val_check_interval 100 is more than trainer.max_steps 8): "
+        "no best checkpoint and no steps-to-target; the final weights are tested (lower "
+        "--trainer.val_check_interval)"
+    )
+    assert up_front in proc.stderr
+    assert proc.stderr.index(up_front) < proc.stderr.index(
+        "no validation ran, so there is no best checkpoint"
+    )
+    with_validation = run_cli([*args, "--run_root", "other"], tmp_path, env={"LRA_DATA": str(tiny_listops)})
+    assert with_validation.returncode == 0 and "no validation will run" not in with_validation.stderr

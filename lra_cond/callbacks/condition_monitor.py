@@ -23,6 +23,7 @@ from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
+from lra_cond.models.attention.base import attention_layers
 
 # Sized on the measured probe cost (README, "Condition number"): a few seconds per probe at the
 # ListOps reference shape, under 2% of training for every family at the ListOps config's batch 32.
@@ -120,12 +121,18 @@ class ConditionNumberMonitor(pl.Callback):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return None
         was_training = pl_module.training
+        # A status line: the progress bar stands still for the probe's seconds.
+        console = Console(stderr=True, soft_wrap=True, highlight=False)  # one line each, also in logs
+        n = len(attention_layers(pl_module))
+        what = f"condition number of {n} attention layer{'s' * (n != 1)} at step {trainer.global_step}"
+        console.print(f"measuring the {what} (probe {self.probe_tokens} tokens, {self.method})...")
         start = time.perf_counter()
         try:
             results = self.probe_model(pl_module, self._probe_batch(trainer, batch))
         finally:
             pl_module.train(was_training)
         entry = self._entry(trainer, results, time.perf_counter() - start)
+        console.print(f"measured the {what} in {entry['seconds']:.1f} s")
         self.history.append(entry)
         self._log(trainer, entry)
         return entry

@@ -12,15 +12,25 @@ Files are written atomically by Lightning, so a kill during a save leaves the pr
 A run folder that was moved (another ``--run_root``) is resumed in its new place: before any
 callback state is loaded, the checkpoint's paths are pointed at this folder, so the best checkpoint
 and its score survive the move.
+
+Ctrl-C (SIGINT) during training stops at the end of the current training step with ``last.ckpt``
+saved at that step (after that step's validation, when one is due, as above), then raises
+``KeyboardInterrupt`` for Lightning's graceful shutdown; ``--ckpt_path last`` continues from there,
+exactly as from a checkpoint of the regular cadence. A second Ctrl-C stops at once (Lightning's own
+handling; ``last.ckpt`` then stays at the previous save).
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from rich.console import Console
 
 from lra_cond.checkpoints import relocate_callback_paths
 
@@ -29,13 +39,78 @@ class ResumeCheckpoint(ModelCheckpoint):
     def __init__(self, every_n_train_steps: int) -> None:
         super().__init__(every_n_train_steps=every_n_train_steps, save_top_k=0, save_last=True)
         self.every = every_n_train_steps
+        self.interrupt_requested = False
+        self.interrupted_at: int | None = None  # the step last.ckpt was saved at after a Ctrl-C
+        self._previous_handler: Any = None
+
+    @property
+    def last_path(self) -> Path:
+        return Path(self.dirpath or ".") / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+
+    # --- Ctrl-C: stop at the end of the step, with last.ckpt at that step ---------------------------
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.interrupt_requested = True
+        self._restore_handler()  # a second Ctrl-C raises KeyboardInterrupt at once
+        Console(stderr=True, soft_wrap=True, highlight=False).print(
+            f"interrupted: stopping after this training step, with {self.last_path} saved at it "
+            "(Ctrl-C again to stop at once, without saving)"
+        )
+
+    def _restore_handler(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+            self._previous_handler = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Only over Python's own handler, from the main thread (signal handlers live there).
+        if (
+            self.dirpath
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_handler()
+        super().on_train_end(trainer, pl_module)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore_handler()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self.interrupted_at is not None:
+            return
+        if trainer.world_size > 1:  # every process stops at the same step (one saw the signal first)
+            self.interrupt_requested = trainer.strategy.reduce_boolean_decision(
+                self.interrupt_requested, all=False
+            )
+        if not self.interrupt_requested:
+            return
+        self.interrupted_at = trainer.global_step
+        trainer.save_checkpoint(self.last_path)
+        if not _validation_follows(trainer):
+            raise KeyboardInterrupt
+        # A validation is due at this step: it runs first, and on_validation_end saves and raises.
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or trainer.fast_dev_run or not self.dirpath:
             return
-        if trainer.global_step > 0 and trainer.global_step % self.every == 0:
-            path = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
-            trainer.save_checkpoint(path)
+        requested = self.interrupt_requested
+        if trainer.world_size > 1 and self.interrupted_at is None:
+            requested = trainer.strategy.reduce_boolean_decision(requested, all=False)
+        if requested and self.interrupted_at is None:  # Ctrl-C during this validation
+            self.interrupt_requested, self.interrupted_at = True, trainer.global_step
+        interrupted = self.interrupted_at is not None and self.interrupted_at == trainer.global_step
+        if trainer.global_step > 0 and (trainer.global_step % self.every == 0 or interrupted):
+            trainer.save_checkpoint(self.last_path)
+        if interrupted:
+            raise KeyboardInterrupt
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -43,3 +118,15 @@ class ResumeCheckpoint(ModelCheckpoint):
         # Every callback's on_load_checkpoint runs before any callback's load_state_dict.
         if self.dirpath:
             relocate_callback_paths(checkpoint, self.dirpath)
+
+
+def _validation_follows(trainer: pl.Trainer) -> bool:
+    """Whether Lightning validates right after this training batch (asked from on_train_batch_end).
+
+    A checkpoint saved before a due validation would make a resume skip it (see the module doc).
+    """
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    except Exception:  # Lightning internals changed: assume none, at worst a resume skips one
+        return False

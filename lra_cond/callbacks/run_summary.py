@@ -32,12 +32,19 @@ class RunSummary(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._write(trainer)
 
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # Ctrl-C during fit: metrics.json says how far the run got, and that it was interrupted.
+        if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == "fit" and trainer.global_step > 0:
+            self._write(trainer, stopped=f"interrupted (Ctrl-C) at step {trainer.global_step}")
+
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         acc = trainer.callback_metrics.get("test/acc")
         if acc is not None and trainer.is_global_zero and run_dir_of(trainer):
             update_metrics(run_dir_of(trainer), test_acc=float(acc), test_ckpt=trainer.ckpt_path)
 
-    def _write(self, trainer: pl.Trainer) -> None:
+    def _write(self, trainer: pl.Trainer, **more: Any) -> None:
         if not trainer.is_global_zero or not run_dir_of(trainer):
             return
         batches = trainer.num_training_batches
@@ -49,6 +56,7 @@ class RunSummary(pl.Callback):
             val_history=self.val_history,
             total_steps=trainer.global_step,
             total_epochs=epochs,
+            **more,
         )
 
     def state_dict(self) -> dict[str, Any]:

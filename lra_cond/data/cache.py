@@ -53,8 +53,28 @@ class Limits:
     num_classes: int
 
 
+@contextmanager
+def no_hub_progress_bars() -> Iterator[None]:
+    """Hugging Face ``datasets`` draws its own tqdm bars ("Saving the dataset"), which interleave with
+    the suite's rich bars: one style of bar, so they are off while we save or load a cache."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
 def default_data_dir() -> Path:
-    return Path(os.environ.get("LRA_DATA", "data"))
+    """Where data goes by default: ``$LRA_DATA``, else ``lra_cond`` in the per-user cache
+    (``$XDG_CACHE_HOME``, else ``~/.cache``), as Hugging Face datasets and torch hub do, so the same
+    data is found from any working directory."""
+    if os.environ.get("LRA_DATA"):
+        return Path(os.environ["LRA_DATA"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lra_cond"
 
 
 def task_dir(data_dir: str | Path, task: str, preset: str) -> Path:
@@ -206,7 +226,8 @@ def save_prepared(
         if stale.exists():
             shutil.rmtree(stale)
     dd = DatasetDict({name: Dataset(table) for name, table in tables.items()})
-    dd.save_to_disk(str(tmp))
+    with no_hub_progress_bars():
+        dd.save_to_disk(str(tmp))
     sizes = {name: len(ds) for name, ds in dd.items()}
     files = {
         p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
@@ -332,7 +353,8 @@ def load_prepared(
     check_manifest(path, manifest, command, task, preset)
     verify_prepared(path, manifest, prepare_hint)
     try:
-        dd = load_from_disk(str(path))
+        with no_hub_progress_bars():
+            dd = load_from_disk(str(path))
     except Exception as e:  # corrupt Arrow files surface as many exception types
         reason = " ".join(str(e).split())[:200]
         raise UserError(f"prepared data at {path} is unreadable ({reason}); re-run: {command}") from None

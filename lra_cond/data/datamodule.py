@@ -32,7 +32,8 @@ class LraDataModule(pl.LightningDataModule):
 
     Args:
         task: LRA task name.
-        data_dir: data root; defaults to ``$LRA_DATA`` or ``./data``.
+        data_dir: data root; defaults to ``$LRA_DATA``, else ``~/.cache/lra_cond``
+            (``cache.default_data_dir``).
         preset: ``full`` (the LRA splits) or ``tiny`` (a few hundred examples, for smoke tests).
         batch_size: examples per batch.
         num_workers: DataLoader worker processes; default 0 on CPU-only machines (batches are cheap
@@ -103,9 +104,11 @@ class LraDataModule(pl.LightningDataModule):
         if not self.spec.local(self.preset):
             command = self.spec.prepare_command(self.data_dir, self.preset)
             raise UserError(f"no prepared data at {self.path}; run: {command}")
-        Console(stderr=True).print(f"no prepared {self.task} data at {self.path}: generating it now")
+        console = Console(stderr=True)
+        console.print(f"no prepared {self.task} data at {self.path}: generating it now")
         # if_missing: when several runs start at once, one generates and the others wait for it.
         self.spec.prepare(self.data_dir, self.preset, seed=self.seed, if_missing=True)
+        console.print(f"prepared {self.task} ({self.preset}) at {self.path}")
 
     def setup(self, stage: str | None = None) -> None:
         if self.splits is None:

@@ -3,14 +3,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from lra_cond.cli import prog
 from lra_cond.errors import OneLineParser
 from lra_cond.report.collect import Run, collect_runs, config_differences
 from lra_cond.report.plots import plot_all
-from lra_cond.report.table import BASELINE, build_rows, definitions, markdown_table, target_accuracy
+from lra_cond.report.table import (
+    build_rows,
+    definitions,
+    markdown_table,
+    no_target_reason,
+    target_accuracy,
+)
 
 REPORT_DIR = "compare"
 
@@ -24,8 +34,8 @@ def warnings_for(runs: list[Run]) -> list[str]:
                 f"init `{init}` has {n} seed: no std, no speedup interval; run at least two seeds "
                 "(e.g. --seeds 0,1,2)."
             )
-    if not any(r.init == BASELINE for r in runs):
-        out.append(f"no `{BASELINE}` init runs: no target accuracy, steps-to-target or speedup.")
+    if target_accuracy(runs) is None:
+        out.append(f"{no_target_reason(runs)}: no target accuracy, steps-to-target or speedup.")
     ref = runs[0]
     for r in runs[1:]:
         diff = config_differences(ref.config, r.config)
@@ -47,17 +57,98 @@ def _finished(run: Run) -> str:
     return f"{m.get('total_steps')} steps" + ("" if run.finished else ", not finished")
 
 
+def _get(config: dict[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def setup_of(runs: list[Run]) -> dict[str, str]:
+    """The run setup a reader needs to tell a smoke test from a study, from the first run's
+    config.yaml (the others are checked against it: see the warnings)."""
+    config = next((r.config for r in runs if r.config), {})
+    get = functools.partial(_get, config)
+    out: dict[str, str] = {}
+    if get("data.task"):
+        out["task"] = str(get("data.task"))
+    preset = get("data.preset")
+    if preset:
+        out["preset"] = f"{preset}" + (" (the LRA splits)" if preset == "full" else " (not the LRA splits)")
+    if get("model.attention"):
+        args = get("model.attention_args")
+        out["attention"] = f"{get('model.attention')}" + (f" {json.dumps(args)}" if args else "")
+    steps, epochs = get("trainer.max_steps"), get("trainer.max_epochs")
+    if steps is not None:
+        out["training steps"] = f"{steps}" if steps != -1 else f"{epochs} epochs"
+    if get("data.batch_size") is not None:
+        out["batch"] = str(get("data.batch_size"))
+    if get("model.lr") is not None:
+        lr = f"{get('model.lr'):g}"
+        if get("model.warmup_steps") is not None:
+            lr += f", warm-up {get('model.warmup_steps')} steps"
+        if get("model.schedule"):
+            lr += f", {get('model.schedule')} schedule"
+        out["peak lr"] = lr
+    if get("trainer.val_check_interval") is not None:
+        limit = get("trainer.limit_val_batches")
+        part = f" (the first {limit} batches)" if isinstance(limit, int) and limit != 1 else ""
+        out["validation"] = f"every {get('trainer.val_check_interval')} steps{part}"
+    every = get("cond.every_n_steps")
+    if every is not None:
+        tokens, method = get("cond.probe_tokens"), get("cond.method")
+        probe = f"{tokens} tokens ({method}), at step 0, every {every} steps and at the end"
+        out["κ probe"] = "off" if every == 0 else probe
+    seeds = {
+        init: sorted(r.seed for r in runs if r.init == init) for init in dict.fromkeys(r.init for r in runs)
+    }
+    out["seeds"] = "; ".join(f"{init}: {', '.join(map(str, s))}" for init, s in seeds.items())
+    return out
+
+
+def chance_level(runs: list[Run]) -> float | None:
+    """1 / number of classes of the runs' task (None for a task this suite does not know)."""
+    from lra_cond.data.tasks import TASKS
+
+    task = next((_get(r.config, "data.task") for r in runs if r.config), None)
+    return 1.0 / TASKS.get(task).num_classes if task in TASKS else None
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities (e.g. the std of one seed) as null: JSON has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     """Write ``out_dir/report.md`` (+ summary.json and PNGs) for ``runs``; return the report path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = target_accuracy(runs)
     rows = build_rows(runs, target)
-    plots = plot_all(runs, out_dir, title)
+    setup = setup_of(runs)
+    brief = ", ".join(
+        text
+        for key, text in (
+            ("preset", f"preset {setup.get('preset', '').split(' ')[0]}"),
+            ("training steps", f"{setup.get('training steps')} steps"),
+            ("batch", f"batch {setup.get('batch')}"),
+            ("peak lr", f"lr {setup.get('peak lr', '').split(',')[0]}"),
+        )
+        if key in setup
+    )
+    plots = plot_all(runs, out_dir, title, target=target, chance=chance_level(runs), setup=brief)
     warns = warnings_for(runs)
     lines = [f"# Init comparison: {title}", ""]
     if warns:
         lines += ["## Warnings", "", *[f"- **warning:** {w}" for w in warns], ""]
-    lines += ["## Results", "", markdown_table(rows), "", definitions(target), ""]
+    lines += ["## Setup", "", *[f"- {k}: {v}" for k, v in setup.items()], ""]
+    reason = no_target_reason(runs) if target is None else ""
+    lines += ["## Results", "", markdown_table(rows), "", definitions(target, reason), ""]
     lines += ["## Plots", ""]
     captions = {
         "val_acc": "Validation accuracy vs step",
@@ -75,23 +166,29 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     report.write_text("\n".join(lines))
     summary = {
         "target_acc": target,
+        "setup": setup,
         "rows": [asdict(row) for row in rows],
         "warnings": warns,
         "runs": [f"{r.init}/seed{r.seed}" for r in runs],
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    text = json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False)
+    (out_dir / "summary.json").write_text(text + "\n")
     return report
+
+
+def report_title(runs_dir: Path) -> str:
+    """``<task>[-<preset>][-<run_name>]/<attention>``: the last two parts of the runs folder."""
+    return "/".join(Path(runs_dir).resolve().parts[-2:])
 
 
 def report_main(argv: list[str]) -> None:
     p = OneLineParser(
-        prog="python -m lra_cond report",
+        prog=f"{prog()} report",
         description="Rebuild the init-comparison report from run folders RUNS_DIR/<init>/seed<k>/.",
     )
     p.add_argument("runs_dir", help="e.g. runs/listops/softmax")
     args = p.parse_args(argv)
     runs_dir = Path(args.runs_dir)
     runs = collect_runs(runs_dir)
-    title = "/".join(runs_dir.resolve().parts[-2:])
-    report = write_report(runs, runs_dir / REPORT_DIR, title)
+    report = write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))
     print(f"report written to {report}")

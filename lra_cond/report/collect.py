@@ -21,6 +21,7 @@ IGNORED_KEYS = (
     "ckpt_path",
     "config",
     "run_root",
+    "run_name",
 )
 
 

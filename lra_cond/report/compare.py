@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,10 @@ from typing import Any
 import yaml
 
 from lra_cond import run_dir
-from lra_cond.errors import OneLineParser, UserError
-from lra_cond.report.build import REPORT_DIR, write_report
+from lra_cond.checks import validation_gap
+from lra_cond.cli import prog
+from lra_cond.errors import Interrupted, OneLineParser, UserError
+from lra_cond.report.build import REPORT_DIR, report_title, write_report
 from lra_cond.report.collect import Run, config_differences, init_order, load_config
 from lra_cond.run_dir import State, read_metrics
 
@@ -40,7 +43,7 @@ def _seeds(text: str) -> list[int]:
 
 
 # Keys of a study config (``compare --config FILE``): compare's own options, and ``fit``.
-STUDY_KEYS = ("task", "attention", "inits", "seeds", "run_root", "fit")
+STUDY_KEYS = ("task", "attention", "inits", "seeds", "run_root", "run_name", "fit")
 
 
 def _cli_value(value: Any) -> str:
@@ -95,31 +98,23 @@ def fit_args(task: str, attention: str, init: str, seed: int, overrides: list[st
 
 def resolved_config(args: list[str]) -> dict[str, Any]:
     """The config a ``fit`` with these arguments would save as config.yaml (parsed, nothing built)."""
-    from jsonargparse import ArgumentError
+    from lra_cond.lightning_cli import parse_only
 
-    from lra_cond.cli import expand_shortcuts, parse_error_message
-    from lra_cond.lightning_cli import LraCLI
-
-    class ConfigOnly(LraCLI):
-        def _set_seed(self) -> None:  # parsing only: leave the global RNG alone
-            pass
-
-        def instantiate_classes(self) -> None:
-            pass
-
-        def _run_subcommand(self, subcommand: str) -> None:
-            pass
-
-    expanded = expand_shortcuts(args)
-    saved, sys.argv = sys.argv, [sys.argv[0], *expanded]
-    try:
-        cli = ConfigOnly()
-    except ArgumentError as e:  # a bad fit override: one line, before any run
-        raise UserError(parse_error_message(e, "compare")) from None
-    finally:
-        sys.argv = saved
+    cli = parse_only(args, errors_for="compare")  # a bad fit override: one line, before any run
     # Dumped exactly like fit writes config.yaml.
     return yaml.safe_load(cli.resolved_config_text())
+
+
+def run_fit(cmd: list[str]) -> int:
+    """Run one fit and return its exit status. Ctrl-C is passed on to it, once per press: the fit runs
+    in its own session (the terminal's SIGINT reaches compare alone) and stops gracefully at the end
+    of its step with last.ckpt saved (a second Ctrl-C stops it at once); compare waits for it."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    previous = signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def compare_main(argv: list[str]) -> None:
@@ -128,7 +123,7 @@ def compare_main(argv: list[str]) -> None:
     from lra_cond.models.attention import ATTENTIONS
 
     # A study config first, so that the options given on the command line override it.
-    pre = OneLineParser(prog="python -m lra_cond compare", add_help=False, allow_abbrev=False)
+    pre = OneLineParser(prog=f"{prog()} compare", add_help=False, allow_abbrev=False)
     pre.add_argument("--config", action="append", default=[])
     known, argv = pre.parse_known_args(argv)
     if len(known.config) > 1:
@@ -136,11 +131,12 @@ def compare_main(argv: list[str]) -> None:
     argv = [*(study_args(known.config[0]) if known.config else []), *argv]
 
     p = OneLineParser(
-        prog="python -m lra_cond compare",
+        prog=f"{prog()} compare",
         usage="%(prog)s [--config STUDY.yaml] --task TASK [options] [fit options]",
         description="Fit each init x seed (reusing finished runs, resuming interrupted ones), then write "
-        "RUN_ROOT/<task>/<attention>/compare/report.md. Other arguments are passed to every fit. "
-        "--config STUDY.yaml reads these options (task, attention, inits, seeds, run_root) and 'fit:' "
+        "RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/compare/report.md. Other arguments are passed "
+        "to every fit. --config STUDY.yaml reads these options (task, attention, inits, seeds, run_root, "
+        "run_name) and 'fit:' "
         "options for every fit from a file, e.g. configs/study-listops-cpu.yaml; the command line "
         "overrides it. (A fit config file goes in the study file as 'fit: {config: FILE}'.)",
         allow_abbrev=False,
@@ -149,7 +145,13 @@ def compare_main(argv: list[str]) -> None:
     p.add_argument("--attention", default="softmax", help=f"one of: {', '.join(ATTENTIONS.names())}")
     p.add_argument("--inits", default="default,conditioned", help="comma-separated init schemes")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    p.add_argument("--run_root", default="runs", help="runs go to RUN_ROOT/<task>/<attention>/<init>/seed<k>")
+    p.add_argument(
+        "--run_root",
+        default="runs",
+        help="runs go to RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/<init>/seed<k> (the preset "
+        "when it is not full)",
+    )
+    p.add_argument("--run_name", default=None, help="a name for this variant of the study (e.g. lr3e-4)")
     p.add_argument("--plan", action="store_true", help="print one fit command per line; run nothing")
     args, overrides = p.parse_known_args(argv)
 
@@ -162,7 +164,13 @@ def compare_main(argv: list[str]) -> None:
     for o in overrides:
         if o.split("=", 1)[0] in RESERVED:
             raise UserError(f"{o.split('=', 1)[0]} is set by compare itself; use --inits/--seeds/--task")
-    overrides = [*overrides, "--run_root", args.run_root]
+    run_dir.check_run_name(args.run_name)
+    overrides = [
+        *overrides,
+        "--run_root",
+        args.run_root,
+        *(["--run_name", args.run_name] if args.run_name else []),
+    ]
     jobs = [(init, seed) for init in inits for seed in seeds]
 
     if args.plan:
@@ -171,12 +179,21 @@ def compare_main(argv: list[str]) -> None:
             print(shlex.join(["python", "-m", "lra_cond", *cmd]))
         return
 
-    runs_dir = run_dir.runs_dir(args.run_root, args.task, args.attention)
     reference = resolved_config(fit_args(args.task, args.attention, inits[0], seeds[0], overrides))
+    gap = validation_gap(reference.get("trainer") or {})
+    if gap:
+        raise UserError(
+            f"no fit of this compare would validate ({gap}), so the report would have no accuracies, target "
+            "or steps-to-target; lower --trainer.val_check_interval or raise --trainer.max_steps"
+        )
+    where = {"preset": reference["data"]["preset"], "name": reference.get("run_name")}
+    runs_dir = run_dir.runs_dir(args.run_root, args.task, args.attention, **where)
     # Decide every job first, so a conflicting folder stops compare before any training.
     plan = []
     for init, seed in jobs:
-        folder = run_dir.RunFolder(run_dir.run_path(args.run_root, args.task, args.attention, init, seed))
+        folder = run_dir.RunFolder(
+            run_dir.run_path(args.run_root, args.task, args.attention, init, seed, **where)
+        )
         state = folder.state()
         if state is not State.EMPTY:
             diff = config_differences(reference, load_config(folder.path))
@@ -202,7 +219,12 @@ def compare_main(argv: list[str]) -> None:
         if action == "resume":
             cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
         print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
-        rc = subprocess.run([sys.executable, "-m", "lra_cond", *cmd]).returncode
+        rc = run_fit([sys.executable, "-m", "lra_cond", *cmd])
+        if rc == Interrupted.EXIT_STATUS:
+            raise Interrupted(
+                f"interrupted (Ctrl-C) during the fit of {init} seed {seed} ({path}); rerun compare to "
+                "continue: finished runs are reused and this one resumes from its last.ckpt"
+            )
         if rc != 0:
             raise UserError(
                 f"fit of {init} seed {seed} failed (exit {rc}, output above); rerun compare to resume"
@@ -211,5 +233,5 @@ def compare_main(argv: list[str]) -> None:
     runs = [Run(init, seed, d, read_metrics(d), load_config(d)) for init, seed, d, _ in plan]
     order = init_order(inits)
     runs.sort(key=lambda r: (order.index(r.init), r.seed))
-    report = write_report(runs, runs_dir / REPORT_DIR, f"{args.task}/{args.attention}")
+    report = write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))
     print(f"report written to {report}")

@@ -89,16 +89,47 @@ def _finish(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def plot_all(runs: list[Run], out_dir: Path, title: str) -> dict[str, Path | None]:
-    """Write val_acc.png, kappa.png, weights_kappa.png; None for a plot without data."""
+def val_acc_figure(
+    runs: list[Run], title: str, target: float | None = None, chance: float | None = None
+) -> tuple[plt.Figure, bool]:
+    """Validation accuracy vs step per init, with the target accuracy and the chance level as
+    horizontal lines; and whether any run had a validation."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ok = _draw(ax, runs, _val_acc)
+    if target is not None:
+        ax.axhline(
+            100 * target,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"target {100 * target:.2f}% (default, best val)",
+        )
+    if chance is not None:
+        ax.axhline(
+            100 * chance, color="grey", linestyle=":", linewidth=1, label=f"chance {100 * chance:.0f}%"
+        )
+    ax.set(xlabel="optimizer step", ylabel="validation accuracy (%)", title=title)
+    ax.grid(alpha=0.3)
+    if ok:
+        ax.legend(title="init")
+    return fig, ok
+
+
+def plot_all(
+    runs: list[Run],
+    out_dir: Path,
+    title: str,
+    target: float | None = None,
+    chance: float | None = None,
+    setup: str = "",
+) -> dict[str, Path | None]:
+    """Write val_acc.png, kappa.png, weights_kappa.png; None for a plot without data. ``setup`` (a
+    line: steps, batch, lr, ...) goes under the accuracy plot's title."""
     written: dict[str, Path | None] = {}
     band = "line: mean over seeds, band: min–max over seeds"
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ok = _draw(ax, runs, _val_acc)
-    ax.set(xlabel="optimizer step", ylabel="validation accuracy (%)", title=f"{title}\n{band}")
-    ax.grid(alpha=0.3)
-    ax.legend(title="init")
+    heading = "\n".join(t for t in (title, setup, band) if t)
+    fig, ok = val_acc_figure(runs, heading, target, chance)
     if ok:
         written["val_acc"] = _finish(fig, out_dir / "val_acc.png")
     else:

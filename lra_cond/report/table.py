@@ -132,13 +132,26 @@ def markdown_table(rows: list[InitRow]) -> str:
     return "\n".join(lines)
 
 
-def definitions(target: float | None) -> str:
-    """The text under the table: every number's definition, so the report stands alone."""
+def no_target_reason(runs: list[Run]) -> str:
+    """Why there is no target accuracy, in the words of what happened."""
+    from lra_cond.checks import validation_gap
+
+    base = [r for r in runs if r.init == BASELINE]
+    if not base:
+        return f"no `{BASELINE}` init runs"
+    gaps = {validation_gap((r.config or {}).get("trainer") or {}) for r in base} - {None}
+    why = f"no validation ran: {', '.join(sorted(gaps))}" if gaps else "no validation accuracy was recorded"
+    return f"the {len(base)} `{BASELINE}` run{'s' * (len(base) != 1)} have no validation accuracy ({why})"
+
+
+def definitions(target: float | None, reason: str = f"no `{BASELINE}` init runs") -> str:
+    """The text under the table: every number's definition, so the report stands alone. ``reason``
+    says why there is no target (see ``no_target_reason``)."""
     target_text = (
         f"**Target accuracy: {100 * target:.2f}%** = mean over seeds of the `{BASELINE}` init's best "
         "validation accuracy (as in the paper)."
         if target is not None
-        else f"**Target accuracy: n/a** (no `{BASELINE}` init runs), so steps-to-target and speedup are n/a."
+        else f"**Target accuracy: n/a** ({reason}), so steps-to-target and speedup are n/a."
     )
     return "\n".join(
         [
