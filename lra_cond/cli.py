@@ -19,7 +19,10 @@ from pathlib import Path
 
 from lra_cond.errors import Interrupted, OneLineParser, UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The task configs: inside the package in an install (a wheel ships configs/ as lra_cond/configs/,
+# see pyproject.toml), beside it in a source checkout.
+_PACKAGE = Path(__file__).resolve().parent
+CONFIG_DIR = _PACKAGE / "configs" if (_PACKAGE / "configs").is_dir() else _PACKAGE.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
 COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench", "compare", "report")
 SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}

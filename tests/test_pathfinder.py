@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_prep import pathfinder as pf
-from data_prep.pathfinder_gen import generate_samples, pathfinder_config
-from data_prep.pathfinder_release import chunk_labels, write_release
+from lra_cond.data_prep import pathfinder as pf
+from lra_cond.data_prep.pathfinder_gen import generate_samples, pathfinder_config
+from lra_cond.data_prep.pathfinder_release import chunk_labels, write_release
 from lra_cond.errors import UserError
 from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from data_prep import text
 from lra_cond.data import LraDataModule
 from lra_cond.data.collate import collate
 from lra_cond.data.tasks import TASKS
+from lra_cond.data_prep import text
 from lra_cond.errors import UserError
 
 
