@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import torch
 from rich.console import Console
 
+from lra_cond.callbacks.epochs import epochs_at
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
 from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
@@ -151,8 +152,7 @@ class ConditionNumberMonitor(pl.Callback):
         ]
 
     def _entry(self, trainer: pl.Trainer, results: list, seconds: float) -> dict[str, Any]:
-        batches = trainer.num_training_batches
-        epoch = trainer.global_step / batches if batches and batches != float("inf") else None
+        epoch = epochs_at(trainer)
         layers = []
         for r in results:
             layers.append(
