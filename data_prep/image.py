@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_prep import hub
-from data_prep.progress import progress_bar
-from data_prep.text import check_label
+from lra_cond.data_prep import hub
+from lra_cond.data_prep.progress import progress_bar
+from lra_cond.data_prep.text import check_label
 from lra_cond.errors import UserError
 
 HUB_ID = "cifar10"

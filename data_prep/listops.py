@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.progress import progress_bar
+from lra_cond.data_prep.progress import progress_bar
 from lra_cond.errors import UserError
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -43,6 +43,10 @@ class ListOpsConfig:
     max_depth: int = 10
     max_args: int = 10
 
+
+# The longest input a reader accepts: the task's maximum length (``TASKS.get("listops").max_len``, the
+# model's position table; tests check they agree).
+MAX_LEN = 2000
 
 PRESETS = {
     "full": ListOpsConfig(sizes=(96000, 2000, 2000), min_len=500, max_len=2000),
@@ -309,10 +313,7 @@ def read_tsv(path: Path, max_len: int | None = None) -> Iterator[tuple[np.ndarra
     A row longer than ``max_len`` tokens (default: the task's maximum, the model's position table)
     is refused, as is a row with no tokens.
     """
-    if max_len is None:
-        from lra_cond.data.tasks import TASKS
-
-        max_len = TASKS.get("listops").max_len
+    max_len = MAX_LEN if max_len is None else max_len
     path = Path(path)
     with open(path, newline="") as f:
         for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):

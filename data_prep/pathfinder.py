@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data_prep.pathfinder_gen import DIFFICULTIES, pathfinder_config
-from data_prep.pathfinder_release import write_release
+from lra_cond.data_prep.pathfinder_gen import DIFFICULTIES, pathfinder_config
+from lra_cond.data_prep.pathfinder_release import write_release
 from lra_cond.errors import UserError
 
 SPLIT_FRACTIONS = (0.8, 0.9)  # train ends at 80%, val at 90%, test takes the rest

@@ -1,4 +1,4 @@
-"""Pathfinder generation speed (images/s, PNGs included): ``python -m data_prep.pathfinder_bench``.
+"""Pathfinder generation speed (images/s, PNGs included): ``python -m lra_cond.data_prep.pathfinder_bench``.
 
 Prints one JSON line per worker count: wall seconds, CPU seconds (all processes), images/s, images per
 CPU second, and the wall-clock estimate for a 200k release. A benchmark, not a test: numbers depend on
@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from data_prep.pathfinder_gen import pathfinder_config
-from data_prep.pathfinder_release import write_release
+from lra_cond.data_prep.pathfinder_gen import pathfinder_config
+from lra_cond.data_prep.pathfinder_release import write_release
 
 
 def _cpu_seconds() -> float:

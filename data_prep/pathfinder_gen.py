@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from data_prep.pathfinder_geom import BatchCanvas, point_segment_sq, segment_distance, unit
-from data_prep.pathfinder_render import render
+from lra_cond.data_prep.pathfinder_geom import BatchCanvas, point_segment_sq, segment_distance, unit
+from lra_cond.data_prep.pathfinder_render import render
 
 SEED_TRIES = 32  # random seed positions drawn per distractor attempt
 SEED_EXACT = 4  # of which at most this many (passing a cheap point test) get the exact test

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from data_prep.pathfinder_gen import DIFFICULTIES, SnakeConfig, balanced_labels, generate_samples
-from data_prep.progress import progress_bar
+from lra_cond.data_prep.pathfinder_gen import DIFFICULTIES, SnakeConfig, balanced_labels, generate_samples
+from lra_cond.data_prep.progress import progress_bar
 
 CHUNK = 1000  # images per imgs/<k> folder and metadata file
 GRID = 16  # images shown in samples.png

@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from data_prep.progress import progress_bar
-from data_prep.text import byte_ids
+from lra_cond.data_prep.progress import progress_bar
+from lra_cond.data_prep.text import byte_ids
 from lra_cond.errors import UserError
 
 MAX_LEN = 4000

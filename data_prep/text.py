@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from data_prep import hub
+from lra_cond.data_prep import hub
 from lra_cond.errors import UserError
 
 HUB_ID = "imdb"

@@ -1,30 +1,27 @@
-"""Command line: ``python -m lra_cond {fit,validate,test,prepare,compare,report} ...``.
+"""The command line, ``python -m lra_cond COMMAND ...``: every command's parser and help, each
+calling the module that does the work.
 
-Trainer subcommands go through a LightningCLI subclass. ``--task T`` loads ``configs/defaults.yaml``
-and ``configs/T.yaml`` before any other argument (so later flags override them); ``--attention``
-and ``--init`` are shortcuts for ``--model.attention`` and ``--model.init``.
+- ``fit``/``validate``/``test``: the LightningCLI subclass (``lra_cond.training.lightning_cli``), with
+  fit's shortcuts (``--task``, ``--attention``, ``--init``: ``lra_cond.training.arguments``);
+- ``prepare``: ``TaskSpec.prepare`` (``lra_cond.data.tasks``);
+- ``bench``: ``lra_cond.training.bench``;
+- ``compare``: the sweep orchestrator ``lra_cond.training.compare``;
+- ``report``: ``lra_cond.report.build``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import re
 import shlex
 import sys
-import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from lra_cond.errors import Interrupted, OneLineParser, UserError
+from lra_cond.help_text import help_row, parse_error_message, prog
+from lra_cond.training.arguments import expand_shortcuts, pop_option
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINER_COMMANDS = ("fit", "validate", "test")
 COMMANDS = (*TRAINER_COMMANDS, "prepare", "bench", "compare", "report")
-SHORTCUTS = {"--attention": "--model.attention", "--init": "--model.init"}
-# model.max_len is linked from data.max_len (one length for the data and the position table).
-ALIASES = {"--model.max_len": "--data.max_len"}
 # One line per command in the top-level help.
 COMMAND_HELP = {
     "fit": "train one run into its run folder, then test its best checkpoint",
@@ -35,36 +32,6 @@ COMMAND_HELP = {
     "report": "rebuild the comparison report from existing run folders: report RUNS_DIR",
     "bench": "time training steps at a shape (one JSON line)",
 }
-HELP_WIDTH = 100
-
-
-# reStructuredText markup in docstrings that become help texts -> plain text.
-RST_MARKUP = (
-    (re.compile(r":[\w:]+:`~?([^`]+)`"), r"\1"),  # :class:`LraModel`, :func:`~a.b`
-    (re.compile(r"`([^`<]+?)\s*<([^>]+)>`_{1,2}"), r"\1 (\2)"),  # `text <url>`_
-    (re.compile(r"``([^`]+)``"), r"\1"),  # ``literal``
-    (re.compile(r"`([^`]+)`_{0,2}"), r"\1"),  # `ref`_, `title`
-)
-
-
-def plain_text(text: str) -> str:
-    """``text`` without reStructuredText markup (help comes from docstrings)."""
-    for pattern, repl in RST_MARKUP:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def prog() -> str:
-    """The program name as invoked: ``lra-cond`` (the console script) or ``python -m lra_cond``."""
-    return "lra-cond" if Path(sys.argv[0]).name.startswith("lra-cond") else "python -m lra_cond"
-
-
-def help_row(name: str, text: str, width: int = 20) -> str:
-    """``  NAME   text`` with the text wrapped under itself (plain text, for --help)."""
-    indent = " " * (width + 2)
-    body = textwrap.wrap(text, HELP_WIDTH - len(indent), break_on_hyphens=False) or [""]
-    head = f"  {name:<{width}}" if len(name) < width else f"  {name}\n{indent}"
-    return head + f"\n{indent}".join(body)
 
 
 def top_help() -> str:
@@ -107,70 +74,7 @@ def top_help() -> str:
     return "\n".join(lines)
 
 
-def _pop_option(args: list[str], name: str) -> str | None:
-    """Remove ``name VALUE`` or ``name=VALUE`` from ``args``; return VALUE (last one wins)."""
-    value = None
-    i = 0
-    while i < len(args):
-        if args[i] == name:
-            if i + 1 >= len(args):
-                raise UserError(f"{name} needs a value")
-            value = args[i + 1]
-            del args[i : i + 2]
-        elif args[i].startswith(name + "="):
-            value = args[i].split("=", 1)[1]
-            del args[i]
-        else:
-            i += 1
-    return value
-
-
-def expand_shortcuts(argv: list[str]) -> list[str]:
-    """Turn ``fit --task T --attention A --init I ...`` into plain LightningCLI arguments."""
-    from lra_cond.data.tasks import TASKS
-    from lra_cond.init import INITS
-    from lra_cond.models.attention import ATTENTIONS
-
-    command, rest = argv[0], list(argv[1:])
-    task = _pop_option(rest, "--task")
-    prefix: list[str] = []
-    if task is not None:
-        TASKS.get(task)
-        prefix += ["--config", str(CONFIG_DIR / "defaults.yaml")]
-        task_config = CONFIG_DIR / f"{task}.yaml"
-        if task_config.is_file():
-            prefix += ["--config", str(task_config)]
-        prefix += ["--data.task", task]
-    for short, full in SHORTCUTS.items():
-        value = _pop_option(rest, short)
-        if value is not None:
-            (ATTENTIONS if short == "--attention" else INITS).get(value)
-            rest += [full, value]
-    for alias, full in ALIASES.items():
-        value = _pop_option(rest, alias)
-        if value is not None:
-            rest += [full, value]
-    return [command, *prefix, *rest]
-
-
-@contextmanager
-def one_line_argparse_errors() -> Iterator[None]:
-    """Plain ``argparse`` parsers (``bench``'s) raise a one-line ``UserError`` like ``OneLineParser``."""
-    saved = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = OneLineParser.error  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
-
-
-def parse_error_message(error: Exception, command: str) -> str:
-    """jsonargparse's message spans lines (and would come after a full usage text): one line."""
-    message = " ".join(str(error).split())
-    return f"{message} (see: {prog()} {command} --help)"
-
-
-def prepare_main(argv: list[str]) -> None:
+def prepare_command(argv: list[str]) -> None:
     from lra_cond.data import cache
     from lra_cond.data.tasks import TASKS
 
@@ -196,18 +100,138 @@ def prepare_main(argv: list[str]) -> None:
     print(f"prepared {args.task} ({args.preset}) at {out}")
 
 
+ATTENTION_ARGS_EXAMPLE = '{"num_landmarks": 64}'
+
+
+def bench_command(argv: list[str]) -> None:
+    from lra_cond.data.tasks import TASKS
+    from lra_cond.models.attention import ATTENTIONS
+    from lra_cond.training import bench
+
+    p = OneLineParser(
+        prog=f"{prog()} bench",
+        description="Time real training steps (forward, loss, backward, AdamW step) of the training model at "
+        "a given shape, on random token batches, and print one JSON line: step times, tokens/s, peak memory, "
+        "FLOPs, the task's data-loader rate and one condition-number probe.",
+    )
+    p.add_argument("--attention", required=True, help=f"one of: {', '.join(ATTENTIONS.names())}")
+    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--batch-size", type=int, required=True, help="sequences per batch")
+    p.add_argument("--task", default="listops", help=f"vocabulary/classes of: {', '.join(TASKS.names())}")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
+    p.add_argument("--explicit", action="store_true", help="use the explicit-math attention path")
+    p.add_argument("--padded", action="store_true", help="random lengths in [seq/2, seq] (padding)")
+    p.add_argument("--attention-args", default="{}", help="JSON dict, e.g. '{\"num_landmarks\": 64}'")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--data-dir", default=None, help="prepared data root for the loader rate")
+    p.add_argument("--preset", default="full", help="data preset for the loader rate")
+    p.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the DataModule's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model and the random batches")
+    p.add_argument("--no-probe", action="store_true", help="skip timing the condition-number probe")
+    args = p.parse_args(argv)
+    ATTENTIONS.get(args.attention)
+    TASKS.get(args.task)
+    for name in ("seq_len", "batch_size", "steps"):
+        if getattr(args, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    try:
+        args.attention_args = json.loads(args.attention_args)
+    except json.JSONDecodeError as e:
+        example = ATTENTION_ARGS_EXAMPLE
+        raise UserError(f"--attention-args is not valid JSON ({e}); example: '{example}'") from None
+    if not isinstance(args.attention_args, dict):
+        raise UserError(f"--attention-args must be a JSON object, e.g. '{ATTENTION_ARGS_EXAMPLE}'")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available; use --device cpu")
+    print(json.dumps(bench.run(args)), flush=True)
+
+
+def _names(text: str, what: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UserError(f"--{what} needs a comma-separated list, got '{text}'")
+    return list(dict.fromkeys(names))
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _names(text, "seeds")]
+    except ValueError:
+        raise UserError(f"--seeds must be integers separated by commas, got '{text}'") from None
+
+
+def compare_command(argv: list[str]) -> None:
+    from lra_cond.data.tasks import TASKS
+    from lra_cond.models.attention import ATTENTIONS
+    from lra_cond.training.compare import compare, study_args
+
+    # A study config first, so that the options given on the command line override it.
+    pre = OneLineParser(prog=f"{prog()} compare", add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", action="append", default=[])
+    known, argv = pre.parse_known_args(argv)
+    if len(known.config) > 1:
+        raise UserError("compare takes one --config study file")
+    argv = [*(study_args(known.config[0]) if known.config else []), *argv]
+
+    p = OneLineParser(
+        prog=f"{prog()} compare",
+        usage="%(prog)s [--config STUDY.yaml] --task TASK [options] [fit options]",
+        description="Fit each init x seed (reusing finished runs, resuming interrupted ones), then write "
+        "RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/compare/report.md. Other arguments are passed "
+        "to every fit. --config STUDY.yaml reads these options (task, attention, inits, seeds, run_root, "
+        "run_name) and 'fit:' "
+        "options for every fit from a file, e.g. configs/study-listops-cpu.yaml; the command line "
+        "overrides it. (A fit config file goes in the study file as 'fit: {config: FILE}'.)",
+        allow_abbrev=False,
+    )
+    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
+    p.add_argument("--attention", default="softmax", help=f"one of: {', '.join(ATTENTIONS.names())}")
+    p.add_argument("--inits", default="default,conditioned", help="comma-separated init schemes")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    p.add_argument(
+        "--run_root",
+        default="runs",
+        help="runs go to RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/<init>/seed<k> (the preset "
+        "when it is not full)",
+    )
+    p.add_argument("--run_name", default=None, help="a name for this variant of the study (e.g. lr3e-4)")
+    p.add_argument("--plan", action="store_true", help="print one fit command per line; run nothing")
+    args, overrides = p.parse_known_args(argv)
+    inits = _names(args.inits, "inits")
+    seeds = _seeds(args.seeds)
+    compare(args.task, args.attention, inits, seeds, overrides, args.run_root, args.run_name, plan=args.plan)
+
+
+def report_command(argv: list[str]) -> None:
+    from lra_cond.report.build import rebuild_report
+
+    p = OneLineParser(
+        prog=f"{prog()} report",
+        description="Rebuild the init-comparison report from run folders RUNS_DIR/<init>/seed<k>/.",
+    )
+    p.add_argument("runs_dir", help="e.g. runs/listops/softmax")
+    args = p.parse_args(argv)
+    print(f"report written to {rebuild_report(Path(args.runs_dir))}")
+
+
 def trainer_help(argv: list[str]) -> str:
     """The short help of ``fit``/``validate``/``test``: the options a researcher sets, each with the
     value this command line gives it (configs, then flags), and this command's run folder."""
     from lra_cond.data import cache
     from lra_cond.data.tasks import TASKS
     from lra_cond.init import INITS
-    from lra_cond.lightning_cli import LraCLI, parse_only
     from lra_cond.models.attention import ATTENTIONS
+    from lra_cond.training.lightning_cli import LraCLI, parse_only
 
     command, me = argv[0], prog()
     cli = parse_only([command, *(a for a in argv[1:] if a not in ("-h", "--help"))])
-    cfg = cli.config[command]
+    cfg = cli.config
     fit = command == "fit"
 
     def value(v: object) -> str:
@@ -301,7 +325,7 @@ def run_lightning(argv: list[str]) -> None:
     from jsonargparse import ArgumentError
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from lra_cond.lightning_cli import LraCLI
+    from lra_cond.training.lightning_cli import LraCLI
 
     # LightningCLI parses sys.argv, set to the expanded arguments: DDP re-executes
     # ``python -m lra_cond`` + sys.argv[1:] for the other ranks, which must parse the same way.
@@ -312,7 +336,7 @@ def run_lightning(argv: list[str]) -> None:
         if not e.resumable:
             raise
         again = [*argv]
-        _pop_option(again, "--ckpt_path")
+        pop_option(again, "--ckpt_path")
         raise Interrupted(
             f"{e}; continue with: {prog()} {shlex.join([*again, '--ckpt_path', 'last'])}"
         ) from None
@@ -331,20 +355,13 @@ def main(argv: list[str] | None = None) -> None:
             print(top_help())
             return
         if argv[0] == "prepare":
-            prepare_main(argv[1:])
+            prepare_command(argv[1:])
         elif argv[0] == "bench":
-            from lra_cond.bench import bench_main
-
-            with one_line_argparse_errors():
-                bench_main(argv[1:])
+            bench_command(argv[1:])
         elif argv[0] == "compare":
-            from lra_cond.report.compare import compare_main
-
-            compare_main(argv[1:])
+            compare_command(argv[1:])
         elif argv[0] == "report":
-            from lra_cond.report.build import report_main
-
-            report_main(argv[1:])
+            report_command(argv[1:])
         elif argv[0] in TRAINER_COMMANDS:
             if any(a in ("-h", "--help") for a in argv[1:]):
                 print(trainer_help(argv))

@@ -29,6 +29,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} '{name}' is registered twice")
         self._items[name] = obj
 
+    def remove(self, name: str) -> T:
+        """Unregister ``name`` (e.g. a family a test defined); returns what was registered."""
+        return self._items.pop(name)
+
     def get(self, name: str) -> T:
         try:
             return self._items[name]

@@ -400,7 +400,7 @@ def workdir(tmp_path_factory, tiny_listops) -> Path:
     with open(arrow, "r+b") as f:
         f.truncate(arrow.stat().st_size - 100)
     if "weight-selection" in INITS:
-        from lra_cond.models.module import LraModel
+        from lra_cond.training.module import LraModel
 
         small = LraModel(dim=32, num_heads=2, mlp_dim=64)
         teacher = {"state_dict": small.state_dict(), "hyper_parameters": dict(small.hparams)}
@@ -421,7 +421,7 @@ def workdir(tmp_path_factory, tiny_listops) -> Path:
     old_cache(cwd / "empty_cache", [], [])
     old_cache(cwd / "long_cache", [torch.ones(2100, dtype=torch.int16).numpy()], [1])
     # A compare run folder that stopped before its first checkpoint (same config as compare's fit).
-    from lra_cond.report.compare import fit_args, resolved_config
+    from lra_cond.training.compare import fit_args, resolved_config
 
     stopped = cwd / "stopped/listops-tiny/softmax/default/seed0"
     config = resolved_config(

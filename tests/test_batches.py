@@ -11,8 +11,22 @@ from datasets import Dataset, concatenate_datasets
 
 from lra_cond.data.batches import PackedSplit
 from lra_cond.data.cache import ragged
-from lra_cond.data.collate import collate
 from lra_cond.data.datamodule import LraDataModule
+
+
+def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Row-by-row collation, written plainly: pad ``input_ids*`` to the longest, stack the rest."""
+    batch = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        if key.startswith("input_ids"):
+            out = np.zeros((len(values), max(len(v) for v in values)), dtype=np.int64)
+            for i, v in enumerate(values):
+                out[i, : len(v)] = v
+            batch[key] = torch.from_numpy(out)
+        else:
+            batch[key] = torch.as_tensor(np.asarray(values), dtype=torch.long)
+    return batch
 
 
 def make_split(lengths: list[int], seed: int = 0) -> Dataset:

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from lra_cond import bench
+from lra_cond.training import bench
 from tests.conftest import assert_one_line_error, run_cli
 
 KEYS = {
@@ -92,7 +92,7 @@ def test_monitor_probe_times_the_default_monitor(monkeypatch):
     """bench times one real probe of a default ConditionNumberMonitor, taken from its batch as fit
     takes it, over the default cadence's worth of steps; a monitor that is off costs nothing."""
     from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
-    from lra_cond.models.module import LraModel
+    from lra_cond.training.module import LraModel
 
     calls = []
     real_probe = ConditionNumberMonitor.probe_model

@@ -17,9 +17,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lra_cond.callbacks import EpochsToTarget, update_metrics
+from lra_cond.callbacks import EpochsToTarget
 from lra_cond.callbacks.condition_monitor import DEFAULT_EVERY_N_STEPS
 from lra_cond.errors import UserError
+from lra_cond.run_dir import update_metrics
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -54,7 +54,7 @@ def test_tensorboard_has_training_curves(fitted):
 def test_test_accuracy_is_that_of_the_best_checkpoint(fitted, tiny_listops):
     """Recompute test accuracy of the best checkpoint here and compare with metrics.json."""
     from lra_cond.data import LraDataModule
-    from lra_cond.models.module import LraModel
+    from lra_cond.training.module import LraModel
 
     metrics = json.loads((fitted / RUN / "metrics.json").read_text())
     best = fitted / RUN / "checkpoints" / f"best-step{metrics['best_val_step']}.ckpt"

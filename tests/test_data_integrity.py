@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from data_prep import listops
 from lra_cond.data import cache
 from lra_cond.data.tasks import TASKS
+from lra_cond.data_prep import listops
 from lra_cond.errors import UserError
 
 SPEC = TASKS.get("listops")

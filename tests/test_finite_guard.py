@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lra_cond.callbacks.finite_guard import FiniteGuard, NonFiniteError
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.data import LraDataModule
-from lra_cond.models.module import LraModel
+from lra_cond.training.module import LraModel
 
 
 def tiny_fit(root: Path, data: Path, callbacks: list[pl.Callback], steps: int = 6) -> pl.Trainer:

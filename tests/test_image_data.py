@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from data_prep import image
+from lra_cond.data_prep import image
 from lra_cond.errors import UserError
 from lra_cond.models.encoder import padding_mask
 

@@ -14,7 +14,7 @@ from lra_cond.init import INITS, apply_init
 from lra_cond.init.mimetic import mimetic_init
 from lra_cond.models.attention import build_attention
 from lra_cond.models.encoder import Classifier, EncoderConfig
-from lra_cond.models.module import LraModel
+from lra_cond.training.module import LraModel
 
 ATTN_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight")
 

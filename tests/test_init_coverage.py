@@ -20,7 +20,7 @@ import yaml
 from lra_cond.init import INITS, apply_init
 from lra_cond.models.attention import ATTENTIONS
 from lra_cond.models.encoder import Classifier, EncoderConfig
-from lra_cond.models.module import LraModel
+from lra_cond.training.module import LraModel
 from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 
 

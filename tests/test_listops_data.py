@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from data_prep import listops
+from lra_cond.data_prep import listops
 from lra_cond.errors import UserError
 
 OPS = {"[MIN", "[MAX", "[MED", "[SM"}
@@ -144,6 +144,12 @@ def test_reader_round_trips_generated_release(tmp_path):
     for got, (source, _) in zip(ids, trees):
         np.testing.assert_array_equal(got, listops.tokenize(source))
         assert len(got) == evaluate(source)[1]
+
+
+def test_reader_limit_is_the_task_max_len():
+    from lra_cond.data.tasks import TASKS
+
+    assert listops.MAX_LEN == TASKS.get("listops").max_len
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lra_cond.models.attention import ATTENTIONS
-from lra_cond.models.module import LraModel
+from lra_cond.training.module import LraModel
 
 
 @pytest.mark.parametrize("family", ATTENTIONS.names())

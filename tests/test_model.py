@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from lra_cond.init import apply_init
 from lra_cond.models import Classifier, EncoderConfig
 from lra_cond.models.encoder import masked_mean, padding_mask
-from lra_cond.models.module import LraModel
+from lra_cond.training.module import LraModel
 
 
 def small_model(init: str = "default", seed: int = 0, **kw) -> Classifier:

@@ -6,7 +6,7 @@ import torch
 
 from lra_cond.models import PairClassifier
 from lra_cond.models.encoder import Encoder, EncoderConfig
-from lra_cond.models.module import LraModel
+from lra_cond.training.module import LraModel
 
 
 def small_cfg() -> EncoderConfig:

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from data_prep import pathfinder as pf
-from data_prep.pathfinder_gen import generate_samples, pathfinder_config
-from data_prep.pathfinder_release import chunk_labels, write_release
+from lra_cond.data_prep import pathfinder as pf
+from lra_cond.data_prep.pathfinder_gen import generate_samples, pathfinder_config
+from lra_cond.data_prep.pathfinder_release import chunk_labels, write_release
 from lra_cond.errors import UserError
 from tests.conftest import TINY_FIT, assert_one_line_error, run_cli
 
@@ -298,7 +298,7 @@ def test_split_is_seeded_80_10_10() -> None:
 
 def test_cli_prepare_and_fit_tiny(tmp_path: Path) -> None:
     from lra_cond.data import cache
-    from lra_cond.data.collate import collate
+    from lra_cond.data.batches import PackedSplit
     from lra_cond.models.encoder import padding_mask
 
     bad = run_cli(
@@ -316,7 +316,7 @@ def test_cli_prepare_and_fit_tiny(tmp_path: Path) -> None:
     ds = cache.load_prepared(prepared, "").with_format("numpy")
     train = ds["train"]
     assert (np.asarray(train["length"]) == 1024).all()
-    batch = collate([train[i] for i in range(8)])
+    batch = PackedSplit(train).__getitems__(list(range(8)))
     assert (batch["input_ids"] == 0).any()  # black pixels are present ...
     assert not padding_mask(batch["length"], batch["input_ids"].shape[1]).any()  # ... and not masked
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lra_cond.callbacks.progress import STEPS, PaceColumn, RunTimeColumn, StepProgressBar, StepsColumn
-from lra_cond.lightning_cli import log_interval
+from lra_cond.training.lightning_cli import log_interval
 
 
 class Tiny(pl.LightningModule):

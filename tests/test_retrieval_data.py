@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from data_prep import retrieval
 from lra_cond.data import cache
 from lra_cond.data.tasks import TASKS
+from lra_cond.data_prep import retrieval
 from lra_cond.errors import UserError
 
 

@@ -12,7 +12,7 @@ import yaml
 from conftest import REPO, assert_one_line_error, run_cli_in_process
 
 from lra_cond.cli import main
-from lra_cond.report.compare import resolved_config
+from lra_cond.training.compare import resolved_config
 
 GPU, CPU = "configs/study-listops.yaml", "configs/study-listops-cpu.yaml"
 INITS, SEEDS = ("default", "mimetic", "conditioned"), (0, 1, 2)

@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from data_prep import text
 from lra_cond.data import LraDataModule
-from lra_cond.data.collate import collate
+from lra_cond.data.batches import PackedSplit
+from lra_cond.data.cache import ragged
 from lra_cond.data.tasks import TASKS
+from lra_cond.data_prep import text
 from lra_cond.errors import UserError
 
 
@@ -95,15 +96,15 @@ def test_missing_split_or_column_says_what_to_do(tmp_path: Path) -> None:
         text.read_source(tmp_path)
 
 
-def test_collate_max_len_truncates_ids_and_lengths() -> None:
-    rows = [
-        {"input_ids": np.arange(1, 8), "length": 7, "label": 1},
-        {"input_ids": np.arange(1, 4), "length": 3, "label": 0},
-    ]
-    batch = collate(rows, max_len=5)
+def test_batches_max_len_truncates_ids_and_lengths() -> None:
+    from datasets import Dataset
+
+    columns = {"input_ids": ragged([np.arange(1, 8), np.arange(1, 4)]), "length": [7, 3], "label": [1, 0]}
+    rows = Dataset(pa.table(columns))
+    batch = PackedSplit(rows, max_len=5).__getitems__([0, 1])
     assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 5], [1, 2, 3, 0, 0]]
     assert batch["length"].tolist() == [5, 3]
-    assert torch.equal(collate(rows)["length"], torch.tensor([7, 3]))
+    assert torch.equal(PackedSplit(rows).__getitems__([0, 1])["length"], torch.tensor([7, 3]))
 
 
 def test_datamodule_max_len_bounds(tmp_path: Path) -> None:

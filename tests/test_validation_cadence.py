@@ -14,11 +14,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lra_cond.callbacks import RunSummary
-from lra_cond.callbacks.metrics_file import read_metrics
-from lra_cond.cli import CONFIG_DIR
 from lra_cond.report.collect import Run
-from lra_cond.report.compare import resolved_config
 from lra_cond.report.table import build_rows
+from lra_cond.run_dir import read_metrics
+from lra_cond.training.arguments import CONFIG_DIR
+from lra_cond.training.compare import resolved_config
 
 # One accuracy per validation; the target 0.38 is first reached at the third one.
 ACCS = [0.10, 0.20, 0.40, 0.35, 0.50, 0.60]

@@ -18,12 +18,13 @@ import lightning.pytorch as pl
 import torch
 from rich.console import Console
 
+from lra_cond.callbacks.epochs import epochs_at
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
-from lra_cond.callbacks.metrics_file import run_dir_of, update_metrics
 from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import attention_layers
+from lra_cond.run_dir import run_dir_of, update_metrics
 
 # Sized on the measured probe cost (README, "Condition number"): a few seconds per probe at the
 # ListOps reference shape, under 2% of training for every family at the ListOps config's batch 32.
@@ -151,8 +152,7 @@ class ConditionNumberMonitor(pl.Callback):
         ]
 
     def _entry(self, trainer: pl.Trainer, results: list, seconds: float) -> dict[str, Any]:
-        batches = trainer.num_training_batches
-        epoch = trainer.global_step / batches if batches and batches != float("inf") else None
+        epoch = epochs_at(trainer)
         layers = []
         for r in results:
             layers.append(

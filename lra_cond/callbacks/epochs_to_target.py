@@ -12,6 +12,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lra_cond.callbacks.epochs import epochs_at
 from lra_cond.errors import UserError
 from lra_cond.run_dir import read_metrics, run_dir_of, update_metrics
 
@@ -70,9 +71,8 @@ class EpochsToTarget(pl.Callback):
         value = trainer.callback_metrics.get(self.metric)
         if value is None or float(value) < self.target:
             return
-        batches = trainer.num_training_batches
         self.step = trainer.global_step
-        self.epoch = self.step / batches if batches and batches != float("inf") else None
+        self.epoch = epochs_at(trainer, self.step)
         self.reached_acc = float(value)
         self._write(trainer)
         self._log(trainer, pl_module)

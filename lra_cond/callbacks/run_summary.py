@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lra_cond.callbacks.epochs import epochs_at
 from lra_cond.run_dir import run_dir_of, update_metrics
 
 
@@ -47,8 +48,7 @@ class RunSummary(pl.Callback):
     def _write(self, trainer: pl.Trainer, **more: Any) -> None:
         if not trainer.is_global_zero or not run_dir_of(trainer):
             return
-        batches = trainer.num_training_batches
-        epochs = trainer.global_step / batches if batches and batches != float("inf") else None
+        epochs = epochs_at(trainer)
         update_metrics(
             run_dir_of(trainer),
             best_val_acc=self.best_val_acc,

@@ -6,7 +6,7 @@ from lra_cond.conditioning.jacobian import (
     SpectrumSummary,
     jacobian_condition,
 )
-from lra_cond.conditioning.weights import weight_conditions
+from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.linalg import matrix_condition
 
 __all__ = [

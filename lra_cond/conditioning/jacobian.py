@@ -38,7 +38,7 @@ import torch
 from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
 from lra_cond.conditioning.probe import Probe, make_probe
 from lra_cond.conditioning.spectrum import Extremes, NullGroup, ScopeNull, head_spectra
-from lra_cond.conditioning.weights import weight_conditions
+from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL, span_union, spectrum_cut, svdvals
 from lra_cond.models.attention.base import Attention

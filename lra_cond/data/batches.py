@@ -3,7 +3,7 @@
 Why: reading a ``datasets`` split row by row (numpy format) costs tens of microseconds per row in
 formatting. Here the columns are viewed once as flat numpy arrays (zero-copy over the memory-mapped
 Arrow files: values + offsets per chunk), and torch's DataLoader calls ``__getitems__`` with a
-batch's indices, which pads the batch directly. Same batches as ``collate`` over the rows.
+batch's indices, which pads the batch directly.
 """
 
 from __future__ import annotations

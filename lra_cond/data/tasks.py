@@ -22,7 +22,7 @@ class TaskSpec:
     vocab_size: int  # ids 0..vocab_size-1; 0 is the pad id of token tasks, black for pixel tasks
     max_len: int
     presets: tuple[str, ...]
-    prepare_fn: Callable[[], PrepareFn]  # lazy import of the data_prep module
+    prepare_fn: Callable[[], PrepareFn]  # imports its data_prep module when called
     generated: bool = False  # the source can be generated locally (no download needed)
     pair: bool = False  # two sequences per example (retrieval)
     fixture_presets: tuple[str, ...] = ()  # presets built from a data_prep fixture (no download)
@@ -84,15 +84,41 @@ class TaskSpec:
 TASKS: Registry[TaskSpec] = Registry("task")
 
 
-def _module(name: str, fn: str = "prepare") -> Callable[[], PrepareFn]:
-    """Lazy ``data_prep.<name>.<fn>`` (data_prep imports stay out of model-only code paths)."""
+# The prepare functions, imported when a task is prepared (data_prep stays out of model-only code paths).
+def _listops() -> PrepareFn:
+    from lra_cond.data_prep import listops
 
-    def load() -> PrepareFn:
-        import importlib
+    return listops.prepare
 
-        return getattr(importlib.import_module(f"data_prep.{name}"), fn)
 
-    return load
+def _text() -> PrepareFn:
+    from lra_cond.data_prep import text
+
+    return text.prepare
+
+
+def _retrieval() -> PrepareFn:
+    from lra_cond.data_prep import retrieval
+
+    return retrieval.prepare
+
+
+def _image() -> PrepareFn:
+    from lra_cond.data_prep import image
+
+    return image.prepare
+
+
+def _pathfinder() -> PrepareFn:
+    from lra_cond.data_prep import pathfinder
+
+    return pathfinder.prepare
+
+
+def _pathx() -> PrepareFn:
+    from lra_cond.data_prep import pathfinder
+
+    return pathfinder.prepare_pathx
 
 
 TASKS.add(
@@ -103,7 +129,7 @@ TASKS.add(
         vocab_size=16,
         max_len=2000,
         presets=("full", "tiny"),
-        prepare_fn=_module("listops"),
+        prepare_fn=_listops,
         generated=True,
     ),
 )
@@ -118,7 +144,7 @@ TASKS.add(
         vocab_size=257,
         max_len=4000,
         presets=("full", "tiny"),
-        prepare_fn=_module("text"),
+        prepare_fn=_text,
         fixture_presets=("tiny",),
     ),
 )
@@ -131,7 +157,7 @@ TASKS.add(
         vocab_size=257,
         max_len=4000,
         presets=("full", "tiny"),
-        prepare_fn=_module("retrieval"),
+        prepare_fn=_retrieval,
         pair=True,
         fixture_presets=("tiny",),
     ),
@@ -145,7 +171,7 @@ TASKS.add(
         vocab_size=256,
         max_len=1024,
         presets=("full", "tiny"),
-        prepare_fn=_module("image"),
+        prepare_fn=_image,
         fixture_presets=("tiny",),
     ),
 )
@@ -159,7 +185,7 @@ TASKS.add(
         vocab_size=256,
         max_len=1024,
         presets=("full", "intermediate", "easy", "tiny"),
-        prepare_fn=_module("pathfinder"),
+        prepare_fn=_pathfinder,
         generated=True,
     ),
 )
@@ -171,7 +197,7 @@ TASKS.add(
         vocab_size=256,
         max_len=16384,
         presets=("full", "intermediate", "easy", "tiny"),
-        prepare_fn=_module("pathfinder", "prepare_pathx"),
+        prepare_fn=_pathx,
         generated=True,
     ),
 )

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lra_cond.init.base import INITS
 from lra_cond.init.conditioned import condition_layer, per_head_semi_orthogonal_, rectangular_identity_
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.registry import INITS
 from lra_cond.models.attention.base import attention_layers
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lra_cond.init.base import INITS
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import haar_semi_orthogonal
-from lra_cond.init.registry import INITS
+from lra_cond.init.matrices import haar_semi_orthogonal
 from lra_cond.models.attention.base import Attention, attention_layers
 
 

@@ -20,10 +20,10 @@ import math
 import torch
 from torch import nn
 
+from lra_cond.init.base import INITS
 from lra_cond.init.conditioned import rectangular_identity_
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import haar_semi_orthogonal
-from lra_cond.init.registry import INITS
+from lra_cond.init.matrices import haar_semi_orthogonal
 from lra_cond.models.attention.base import attention_layers
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lra_cond.init.registry import INITS
+from lra_cond.init.base import INITS
 
 
 def reset_defaults(model: nn.Module) -> None:

@@ -38,9 +38,9 @@ import torch
 from torch import nn
 
 from lra_cond.errors import UserError
+from lra_cond.init.base import INITS
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.layers import low_rank_factors
-from lra_cond.init.registry import INITS
+from lra_cond.init.matrices import low_rank_factors
 from lra_cond.models.attention.base import Attention, attention_layers
 
 

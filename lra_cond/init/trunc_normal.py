@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from lra_cond.errors import UserError
+from lra_cond.init.base import INITS
 from lra_cond.init.default import reset_defaults
-from lra_cond.init.registry import INITS
 
 
 @INITS.register("trunc-normal")

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from lra_cond.errors import UserError
-from lra_cond.init.registry import INITS
+from lra_cond.init.base import INITS
 from lra_cond.models.attention.base import attention_layers
 
 PREFIX = "net."  # LraModel keeps the Classifier under ``net``

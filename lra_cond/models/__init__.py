@@ -1,5 +1,5 @@
-"""Encoder and classifier. The LightningModule lives in ``lra_cond.models.module`` (imported
-separately: it depends on ``lra_cond.init``, which itself builds on the attention contract here)."""
+"""Encoder and classifier (``encoder``) and the attention families (``attention/``). The
+LightningModule that trains them is ``lra_cond.training.module``."""
 
 from lra_cond.models.encoder import Classifier, Encoder, EncoderConfig, PairClassifier
 

@@ -14,6 +14,8 @@ from lra_cond.models.dropout import Dropout
 
 @dataclass
 class EncoderConfig:
+    """The encoder's shape; the defaults are the reference architecture (and ``LraModel``'s)."""
+
     vocab_size: int
     max_len: int
     num_classes: int

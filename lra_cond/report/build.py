@@ -1,5 +1,4 @@
-"""Assemble the comparison report (report.md, summary.json, PNGs) from run folders, and the
-``python -m lra_cond report RUNS_DIR`` entry point."""
+"""Assemble the comparison report (report.md, summary.json, PNGs) from run folders."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lra_cond.cli import prog
-from lra_cond.errors import OneLineParser
 from lra_cond.report.collect import Run, collect_runs, config_differences
 from lra_cond.report.plots import plot_all
 from lra_cond.report.table import (
@@ -181,14 +178,7 @@ def report_title(runs_dir: Path) -> str:
     return "/".join(Path(runs_dir).resolve().parts[-2:])
 
 
-def report_main(argv: list[str]) -> None:
-    p = OneLineParser(
-        prog=f"{prog()} report",
-        description="Rebuild the init-comparison report from run folders RUNS_DIR/<init>/seed<k>/.",
-    )
-    p.add_argument("runs_dir", help="e.g. runs/listops/softmax")
-    args = p.parse_args(argv)
-    runs_dir = Path(args.runs_dir)
+def rebuild_report(runs_dir: Path) -> Path:
+    """The report of the runs under ``runs_dir`` (``<init>/seed<k>/``), in ``runs_dir/compare/``."""
     runs = collect_runs(runs_dir)
-    report = write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))
-    print(f"report written to {report}")
+    return write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))

@@ -12,6 +12,8 @@ from lra_cond import run_dir
 from lra_cond.errors import UserError
 from lra_cond.run_dir import read_metrics
 
+# The init every other is compared with: it sets the target accuracy and the speedup baseline.
+BASELINE = "default"
 # Keys that legitimately differ between the runs of one comparison (or only record bookkeeping).
 IGNORED_KEYS = (
     "seed_everything",
@@ -48,8 +50,8 @@ def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def init_order(inits: list[str]) -> list[str]:
-    """``default`` first (it sets the target and the speedup baseline), then alphabetical."""
-    return sorted(set(inits), key=lambda name: (name != "default", name))
+    """The ``BASELINE`` init first (it sets the target and the speedup baseline), then alphabetical."""
+    return sorted(set(inits), key=lambda name: (name != BASELINE, name))
 
 
 def collect_runs(runs_dir: str | Path) -> list[Run]:

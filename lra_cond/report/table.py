@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lra_cond.report.collect import Run
+from lra_cond.report.collect import BASELINE, Run
 from lra_cond.report.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -16,8 +16,6 @@ from lra_cond.report.stats import (
     steps_per_epoch,
     summarize,
 )
-
-BASELINE = "default"
 
 
 @dataclass

@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from lra_cond.models.attention.base import ATTENTIONS, Attention, attention_layers, explicit_math
+from lra_cond.models.attention.base import ATTENTIONS, Attention, Option, attention_layers, explicit_math
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -26,4 +26,4 @@ def build_attention(name: str, dim: int, num_heads: int, **options: Any) -> Atte
     return ATTENTIONS.get(name)(dim, num_heads, **options)
 
 
-__all__ = ["ATTENTIONS", "Attention", "attention_layers", "build_attention", "explicit_math"]
+__all__ = ["ATTENTIONS", "Attention", "Option", "attention_layers", "build_attention", "explicit_math"]

@@ -17,6 +17,8 @@ What the commands may write (``lra_cond.run_dir`` owns the folder):
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.seed import isolate_rng
 from rich.console import Console
 
 from lra_cond import run_dir
@@ -41,14 +44,18 @@ from lra_cond.checks import check_model_args, check_seed, check_trainer_args, va
 from lra_cond.data import LraDataModule
 from lra_cond.data.tasks import TASKS
 from lra_cond.errors import Interrupted, UserError
+from lra_cond.help_text import parse_error_message, plain_text, prog
 from lra_cond.init import INITS
 from lra_cond.models.attention import ATTENTIONS
-from lra_cond.models.module import LraModel, check_schedule
+from lra_cond.training.arguments import SHORTCUTS, expand_shortcuts
+from lra_cond.training.module import LraModel, check_schedule
 
 # A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
 PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
 # Lightning's special --ckpt_path values other than "last" name checkpoints of the running process.
 LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")
+# What seed_everything sets in the environment (for DDP ranks and dataloader workers).
+SEED_ENV = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")
 # Keys of metrics.json that describe how a run ended: a resumed run has not ended yet.
 END_OF_RUN_KEYS = ("stopped", "test_acc", "test_ckpt")
 
@@ -85,7 +92,7 @@ class RunStart(pl.Callback):
 
 
 class LraCLI(LightningCLI):
-    def __init__(self, args: list[str] | None = None, prog: str | None = None) -> None:
+    def __init__(self, args: list[str] | None = None, prog: str | None = None, run: bool = True) -> None:
         self._folder: run_dir.RunFolder | None = None  # the locked run folder (fit, rank zero)
         self._resume: dict[str, Any] | None = None  # the checkpoint fit resumes from
         self._note: str | None = None
@@ -113,12 +120,11 @@ class LraCLI(LightningCLI):
             },
             parser_kwargs={**PARSER_KWARGS, **({"prog": prog} if prog else {})},
             args=args,
+            run=run,
         )
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: Any, subparser_kwargs: Any) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
-        from lra_cond.cli import plain_text
-
         # Help texts come from docstrings (Lightning's are reStructuredText): plain text in --help.
         for parser in [self.parser, *getattr(self, "_subcommand_parsers", {}).values()]:
             parser.description = plain_text(parser.description) if parser.description else None
@@ -154,8 +160,6 @@ class LraCLI(LightningCLI):
             help="write checkpoints/last.ckpt every N training steps (and at the end); "
             "resume an interrupted run with --ckpt_path last",
         )
-        from lra_cond.cli import SHORTCUTS
-
         # The valid names in the help of the options the shortcuts set (and of data.task).
         names = {
             "model.attention": ATTENTIONS.names(),
@@ -201,9 +205,11 @@ class LraCLI(LightningCLI):
         """Replaces Lightning's version, which overwrote the command's model options with the
         checkpoint's: check the options, then that ``--ckpt_path`` matches the command."""
         subcommand = self.config.get("subcommand")
-        if not subcommand:
-            return
-        cfg = self.config[subcommand]
+        if subcommand:
+            self.check_config(subcommand, self.config[subcommand])
+
+    def check_config(self, subcommand: str, cfg: Any) -> None:
+        """Every option's range, then ``--ckpt_path`` against the command (before anything is built)."""
         check_seed(cfg.seed_everything)
         run_dir.check_run_name(cfg.run_name)
         check_trainer_args(cfg.trainer, fit=subcommand == "fit")
@@ -470,16 +476,50 @@ class LraCLI(LightningCLI):
 
 
 class ParseOnly(LraCLI):
-    """Parses and checks a command line as ``fit``/``validate``/``test`` would, and builds nothing."""
+    """Parses and checks a command line as ``fit``/``validate``/``test`` would, and builds nothing.
 
-    def _set_seed(self) -> None:  # parsing only: leave the global RNG alone
-        pass
+    Through LightningCLI's public API: ``run=False`` parses one command's options (no subcommand);
+    its parser gets the command's Trainer-method arguments (``ckpt_path``), as LightningCLI's parser
+    of that subcommand has, so ``config`` and ``resolved_config_text`` are what the command would
+    resolve. ``instantiate_classes`` builds nothing; the global RNG and the seed are left alone.
+    """
+
+    def __init__(self, command: str, args: list[str] | None = None, prog: str | None = None) -> None:
+        self.command = command
+        saved_env = {k: os.environ.get(k) for k in SEED_ENV}
+        seed_log = logging.getLogger("lightning.fabric.utilities.seed")  # its "Seed set to N" line
+        level = seed_log.level
+        seed_log.setLevel(logging.WARNING)
+        try:
+            with isolate_rng():  # LightningCLI seeds the global RNG after parsing
+                super().__init__(args=args, prog=prog, run=False)
+        finally:
+            seed_log.setLevel(level)
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_method_arguments(Trainer, self.command, skip=set(self.subcommands()[self.command]))
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        self.check_config(self.command, self.config)
+        self._parsed_seed = self.config["seed_everything"]
 
     def instantiate_classes(self) -> None:
-        pass
+        # The seed as parsed (``true`` stays true: LightningCLI drew a random one for the run it skips).
+        self.config["seed_everything"] = self._parsed_seed
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        pass
+    def resolved_config_text(self, subcommand: str = "fit") -> str:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self.parser.dump(self.config, skip_none=False)
 
 
 def parse_only(argv: list[str], errors_for: str | None = None) -> ParseOnly:
@@ -487,12 +527,11 @@ def parse_only(argv: list[str], errors_for: str | None = None) -> ParseOnly:
     line pointing at the help of ``errors_for`` (default: the command)."""
     from jsonargparse import ArgumentError
 
-    from lra_cond.cli import expand_shortcuts, parse_error_message, prog
-
+    command, *options = expand_shortcuts(argv)
     # Through sys.argv, as run_lightning does (LightningCLI warns when args and sys.argv both hold some).
-    saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
+    saved, sys.argv = sys.argv, [sys.argv[0], *options]
     try:
-        return ParseOnly(prog=prog())
+        return ParseOnly(command, prog=prog())
     except ArgumentError as e:
         raise UserError(parse_error_message(e, errors_for or argv[0])) from None
     finally:

@@ -1,4 +1,4 @@
-"""Shared pieces of the init schemes: which modules to touch, and the matrices they draw.
+"""The matrices the init schemes draw: Haar semi-orthogonal matrices and low-rank factors.
 
 Every draw is made in float64 and cast to the weight's dtype, so orthonormality and low-rank
 factorisations hold to ~1e-7 in float32 weights.

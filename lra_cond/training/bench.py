@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import resource
 import statistics
@@ -21,58 +20,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from lra_cond.errors import UserError
-
-EXAMPLE_ARGS = '{"num_landmarks": 64}'
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    from lra_cond.cli import prog
-    from lra_cond.data.tasks import TASKS
-    from lra_cond.errors import HelpFormatter
-    from lra_cond.models.attention import ATTENTIONS
-
-    p = argparse.ArgumentParser(
-        prog=f"{prog()} bench",
-        description="Time real training steps (forward, loss, backward, AdamW step) of the training model at "
-        "a given shape, on random token batches, and print one JSON line: step times, tokens/s, peak memory, "
-        "FLOPs, the task's data-loader rate and one condition-number probe.",
-        formatter_class=HelpFormatter,
-    )
-    p.add_argument("--attention", required=True, help=f"one of: {', '.join(ATTENTIONS.names())}")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--batch-size", type=int, required=True, help="sequences per batch")
-    p.add_argument("--task", default="listops", help=f"vocabulary/classes of: {', '.join(TASKS.names())}")
-    p.add_argument("--steps", type=int, default=10, help="timed steps")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
-    p.add_argument("--explicit", action="store_true", help="use the explicit-math attention path")
-    p.add_argument("--padded", action="store_true", help="random lengths in [seq/2, seq] (padding)")
-    p.add_argument("--attention-args", default="{}", help="JSON dict, e.g. '{\"num_landmarks\": 64}'")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--data-dir", default=None, help="prepared data root for the loader rate")
-    p.add_argument("--preset", default="full", help="data preset for the loader rate")
-    p.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the DataModule's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model and the random batches")
-    p.add_argument("--no-probe", action="store_true", help="skip timing the condition-number probe")
-    args = p.parse_args(argv)
-    ATTENTIONS.get(args.attention)
-    TASKS.get(args.task)
-    for name in ("seq_len", "batch_size", "steps"):
-        if getattr(args, name) <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.warmup < 0:
-        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
-    try:
-        args.attention_args = json.loads(args.attention_args)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--attention-args is not valid JSON ({e}); example: '{EXAMPLE_ARGS}'") from None
-    if not isinstance(args.attention_args, dict):
-        raise UserError(f"--attention-args must be a JSON object, e.g. '{EXAMPLE_ARGS}'")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available; use --device cpu")
-    return args
 
 
 def random_batch(
@@ -252,7 +199,7 @@ def probe_fraction(probe_s: float | None, every: int, step_s: float) -> float | 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from lra_cond.data.tasks import TASKS
     from lra_cond.models.attention import explicit_math
-    from lra_cond.models.module import LraModel
+    from lra_cond.training.module import LraModel
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -324,7 +271,3 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loadavg_1min": round(os.getloadavg()[0], 2),
     }
-
-
-def bench_main(argv: list[str]) -> None:
-    print(json.dumps(run(parse_args(argv))), flush=True)

@@ -1,6 +1,7 @@
-"""Init scheme registry: ``apply_init(model, name, **kwargs)``.
+"""What an init scheme is, and the scheme registry: ``apply_init(model, name, **kwargs)``.
 
-A scheme is a function ``fn(model, **params) -> Any`` registered under a name. Its keyword
+A scheme is a function ``fn(model, **params) -> Any`` registered under a name, in a module of its
+own in this package (``@INITS.register("mine")``; the package imports every module). Its keyword
 parameters are the scheme's settings (``--model.init_args '{"v_scale": 2.0}'`` on the CLI, or
 ``model.init_args`` in YAML); ``apply_init`` checks them against the signature so a typo is a
 one-line error listing the valid parameters, not a traceback.

@@ -1,6 +1,7 @@
-"""``python -m lra_cond compare``: fit every (init, seed) in turn as a ``fit`` subprocess, reusing
-finished runs and resuming interrupted ones, then write the report; ``--plan`` prints the commands.
-``--config STUDY.yaml`` reads the same options from a file (see :func:`study_args`).
+"""The sweep orchestrator behind ``python -m lra_cond compare``: fit every (init, seed) in turn as a
+``fit`` subprocess, reusing finished runs and resuming interrupted ones, then write the report;
+``--plan`` prints the commands. ``--config STUDY.yaml`` reads the same options from a file (see
+:func:`study_args`).
 
 What a run folder holds, and whether a run is finished, comes from ``lra_cond.run_dir``."""
 
@@ -18,28 +19,13 @@ import yaml
 
 from lra_cond import run_dir
 from lra_cond.checks import validation_gap
-from lra_cond.cli import prog
-from lra_cond.errors import Interrupted, OneLineParser, UserError
+from lra_cond.errors import Interrupted, UserError
 from lra_cond.report.build import REPORT_DIR, report_title, write_report
 from lra_cond.report.collect import Run, config_differences, init_order, load_config
 from lra_cond.run_dir import State, read_metrics
 
 # Set per run by compare itself; in the overrides they would silently break the comparison.
 RESERVED = ("--init", "--model.init", "--seed_everything", "--task", "--data.task", "--ckpt_path")
-
-
-def _names(text: str, what: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names:
-        raise UserError(f"--{what} needs a comma-separated list, got '{text}'")
-    return list(dict.fromkeys(names))
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        return [int(s) for s in _names(text, "seeds")]
-    except ValueError:
-        raise UserError(f"--seeds must be integers separated by commas, got '{text}'") from None
 
 
 # Keys of a study config (``compare --config FILE``): compare's own options, and ``fit``.
@@ -98,7 +84,7 @@ def fit_args(task: str, attention: str, init: str, seed: int, overrides: list[st
 
 def resolved_config(args: list[str]) -> dict[str, Any]:
     """The config a ``fit`` with these arguments would save as config.yaml (parsed, nothing built)."""
-    from lra_cond.lightning_cli import parse_only
+    from lra_cond.training.lightning_cli import parse_only
 
     cli = parse_only(args, errors_for="compare")  # a bad fit override: one line, before any run
     # Dumped exactly like fit writes config.yaml.
@@ -117,69 +103,46 @@ def run_fit(cmd: list[str]) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
-def compare_main(argv: list[str]) -> None:
+def compare(
+    task: str,
+    attention: str,
+    inits: list[str],
+    seeds: list[int],
+    overrides: list[str],
+    run_root: str = "runs",
+    run_name: str | None = None,
+    plan: bool = False,
+) -> Path | None:
+    """Fit every (init, seed) of one task and attention family in turn (``overrides``: more fit
+    arguments, passed to every fit), then write the report; return its path. ``plan``: print one fit
+    command per line instead, run nothing."""
     from lra_cond.data.tasks import TASKS
     from lra_cond.init import INITS
     from lra_cond.models.attention import ATTENTIONS
 
-    # A study config first, so that the options given on the command line override it.
-    pre = OneLineParser(prog=f"{prog()} compare", add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", action="append", default=[])
-    known, argv = pre.parse_known_args(argv)
-    if len(known.config) > 1:
-        raise UserError("compare takes one --config study file")
-    argv = [*(study_args(known.config[0]) if known.config else []), *argv]
-
-    p = OneLineParser(
-        prog=f"{prog()} compare",
-        usage="%(prog)s [--config STUDY.yaml] --task TASK [options] [fit options]",
-        description="Fit each init x seed (reusing finished runs, resuming interrupted ones), then write "
-        "RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/compare/report.md. Other arguments are passed "
-        "to every fit. --config STUDY.yaml reads these options (task, attention, inits, seeds, run_root, "
-        "run_name) and 'fit:' "
-        "options for every fit from a file, e.g. configs/study-listops-cpu.yaml; the command line "
-        "overrides it. (A fit config file goes in the study file as 'fit: {config: FILE}'.)",
-        allow_abbrev=False,
-    )
-    p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
-    p.add_argument("--attention", default="softmax", help=f"one of: {', '.join(ATTENTIONS.names())}")
-    p.add_argument("--inits", default="default,conditioned", help="comma-separated init schemes")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    p.add_argument(
-        "--run_root",
-        default="runs",
-        help="runs go to RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/<init>/seed<k> (the preset "
-        "when it is not full)",
-    )
-    p.add_argument("--run_name", default=None, help="a name for this variant of the study (e.g. lr3e-4)")
-    p.add_argument("--plan", action="store_true", help="print one fit command per line; run nothing")
-    args, overrides = p.parse_known_args(argv)
-
-    TASKS.get(args.task)
-    ATTENTIONS.get(args.attention)
-    inits = _names(args.inits, "inits")
+    TASKS.get(task)
+    ATTENTIONS.get(attention)
     for name in inits:
         INITS.get(name)  # unknown names fail here, before any run
-    seeds = _seeds(args.seeds)
     for o in overrides:
         if o.split("=", 1)[0] in RESERVED:
             raise UserError(f"{o.split('=', 1)[0]} is set by compare itself; use --inits/--seeds/--task")
-    run_dir.check_run_name(args.run_name)
+    run_dir.check_run_name(run_name)
     overrides = [
         *overrides,
         "--run_root",
-        args.run_root,
-        *(["--run_name", args.run_name] if args.run_name else []),
+        run_root,
+        *(["--run_name", run_name] if run_name else []),
     ]
     jobs = [(init, seed) for init in inits for seed in seeds]
 
-    if args.plan:
+    if plan:
         for init, seed in jobs:
-            cmd = fit_args(args.task, args.attention, init, seed, overrides)
+            cmd = fit_args(task, attention, init, seed, overrides)
             print(shlex.join(["python", "-m", "lra_cond", *cmd]))
-        return
+        return None
 
-    reference = resolved_config(fit_args(args.task, args.attention, inits[0], seeds[0], overrides))
+    reference = resolved_config(fit_args(task, attention, inits[0], seeds[0], overrides))
     gap = validation_gap(reference.get("trainer") or {})
     if gap:
         raise UserError(
@@ -187,13 +150,11 @@ def compare_main(argv: list[str]) -> None:
             "or steps-to-target; lower --trainer.val_check_interval or raise --trainer.max_steps"
         )
     where = {"preset": reference["data"]["preset"], "name": reference.get("run_name")}
-    runs_dir = run_dir.runs_dir(args.run_root, args.task, args.attention, **where)
+    runs_dir = run_dir.runs_dir(run_root, task, attention, **where)
     # Decide every job first, so a conflicting folder stops compare before any training.
     plan = []
     for init, seed in jobs:
-        folder = run_dir.RunFolder(
-            run_dir.run_path(args.run_root, args.task, args.attention, init, seed, **where)
-        )
+        folder = run_dir.RunFolder(run_dir.run_path(run_root, task, attention, init, seed, **where))
         state = folder.state()
         if state is not State.EMPTY:
             diff = config_differences(reference, load_config(folder.path))
@@ -215,7 +176,7 @@ def compare_main(argv: list[str]) -> None:
         if action == "reuse":
             print(f"{head}: reusing finished run {path}", flush=True)
             continue
-        cmd = fit_args(args.task, args.attention, init, seed, overrides)
+        cmd = fit_args(task, attention, init, seed, overrides)
         if action == "resume":
             cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
         print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
@@ -235,3 +196,4 @@ def compare_main(argv: list[str]) -> None:
     runs.sort(key=lambda r: (order.index(r.init), r.seed))
     report = write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))
     print(f"report written to {report}")
+    return report
