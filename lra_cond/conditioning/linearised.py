@@ -1,0 +1,196 @@
+"""The function whose Jacobian is measured: one attention layer's pre-``out_proj`` output at the real
+tokens of a fixed input, as a map from every parameter of its q/k/v projections.
+
+The layer is the family's ``jacobian_copy`` (float64, eval, explicit math, projections W~ = [W | b]
+of the augmented input x~ = [x, 1] when the layer has biases), so the parameters are the weights
+W~ only. They are laid out head by head, ``[W~_Q^h, W~_K^h, W~_V^h]`` (only the blocks asked for),
+each flattened row-major from torch's ``weight[out, in]`` layout. Head h's output depends only on
+its own rows of the three projections, so the Jacobian is block diagonal over heads and its
+singular values are the union of the heads'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch import nn
+from torch.func import functional_call, jvp, vmap
+
+from lra_cond.errors import UserError
+from lra_cond.models.attention.base import Attention
+from lra_cond.models.attention.jacobian import BLOCKS, Factored, HeadInputs, columns
+
+BLOCK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
+CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products (AD fallback)
+
+
+def parse_blocks(blocks: str) -> tuple[str, ...]:
+    letters = tuple(dict.fromkeys(blocks.lower()))
+    if not letters or any(b not in BLOCK_NAMES for b in letters):
+        raise UserError(f"blocks must combine the letters q, k, v (e.g. 'qkv'), got {blocks!r}")
+    return tuple(b for b in BLOCKS if b in letters)
+
+
+class HeadsOutput(nn.Module):
+    """``forward = layer.heads_output`` so functional_call reaches the pre-out_proj output."""
+
+    def __init__(self, layer: Attention) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.layer.heads_output(x, key_padding_mask)
+
+
+@dataclass
+class LinearisedLayer:
+    """A layer's ``jacobian_copy`` at a fixed (augmented) input, with the head-wise parameter layout."""
+
+    layer: Attention
+    x: torch.Tensor  # (B, N, D') float64
+    mask: torch.Tensor | None  # (B, N) True at padded positions
+    real: torch.Tensor  # (B, N) True at real (query) positions
+    blocks: tuple[str, ...]
+    dim_raw: int  # D, the layer's own input width
+
+    @property
+    def num_heads(self) -> int:
+        return self.layer.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layer.head_dim
+
+    @property
+    def dim(self) -> int:
+        """D': the augmented input width the projections read."""
+        return self.x.shape[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.real.sum())
+
+    @property
+    def block_size(self) -> int:
+        """Parameters of one block of one head (d_h x D')."""
+        return self.head_dim * self.dim
+
+    @property
+    def head_size(self) -> int:
+        return len(self.blocks) * self.block_size
+
+    @property
+    def num_params(self) -> int:
+        return self.num_heads * self.head_size
+
+    def weight(self, block: str) -> torch.Tensor:
+        return getattr(self.layer, BLOCK_NAMES[block]).weight.detach()
+
+    def head_weight(self, block: str, h: int) -> torch.Tensor:
+        d = self.head_dim
+        return self.weight(block)[h * d : (h + 1) * d]
+
+    def sequences(self) -> list[torch.Tensor]:
+        """Each sequence's real tokens (L_b, D'), in probe order."""
+        return [self.x[b][self.real[b]] for b in range(self.x.shape[0])]
+
+    def head_inputs(self, h: int, blocks: tuple[str, ...] | None = None) -> HeadInputs:
+        w = {b: self.head_weight(b, h) for b in BLOCKS}
+        return HeadInputs(self.sequences(), h, w, self.blocks if blocks is None else blocks)
+
+    def head_jacobian(self, h: int, closed_form: bool = True) -> torch.Tensor:
+        """Head h's Jacobian (T*d_h, head_size): the family's closed form, else forward-mode AD."""
+        return self.head_jacobian_and_factors(h, closed_form)[0]
+
+    def head_jacobian_and_factors(
+        self, h: int, closed_form: bool = True
+    ) -> tuple[torch.Tensor, dict[str, Factored]]:
+        """Head h's Jacobian and the blocks the family gave in factored form."""
+        parts = self.layer.head_jacobian_parts(self.head_inputs(h)) if closed_form else None
+        if parts is None:
+            return self.ad_head_jacobian(h), {}
+        factors = {b: p for b, p in parts.items() if isinstance(p, Factored)}
+        return columns(parts, self.blocks), factors
+
+    def ad_head_jacobian(self, h: int) -> torch.Tensor:
+        """Forward-mode AD through the explicit kernel, in memory-bounded chunks of columns."""
+        f = self.head_function(h)
+        theta_h = self.theta().reshape(self.num_heads, -1)[h]
+        b, n = self.x.shape[:2]
+        per_tangent = 8 * 6 * b * self.num_heads * n * max(n, self.dim)  # attention-sized temporaries
+        chunk = max(1, min(theta_h.numel(), CHUNK_BYTES // per_tangent))
+        eye = torch.eye(theta_h.numel(), dtype=theta_h.dtype, device=theta_h.device)
+        column = vmap(lambda t: jvp(f, (theta_h,), (t,))[1])
+        return torch.cat([column(eye[i : i + chunk]) for i in range(0, theta_h.numel(), chunk)]).T
+
+    def theta(self) -> torch.Tensor:
+        """The current parameters as one flat vector in the head-wise layout."""
+        parts = [self.head_weight(b, h).reshape(-1) for h in range(self.num_heads) for b in self.blocks]
+        return torch.cat(parts)
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Flat head-wise vector -> ``{"q_proj.weight": (H*d_h, D'), ...}`` for functional_call."""
+        chunks = theta.reshape(self.num_heads, len(self.blocks), self.head_dim, self.dim)
+        return {
+            f"{BLOCK_NAMES[b]}.weight": chunks[:, i].reshape(-1, self.dim) for i, b in enumerate(self.blocks)
+        }
+
+    def output(self, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Pre-out_proj output at real query rows, (T, H*d_h); padded rows are not outputs."""
+        weights = {f"layer.{name}": w for name, w in weights.items()}
+        out = functional_call(HeadsOutput(self.layer), weights, (self.x,), {"key_padding_mask": self.mask})
+        return out[self.real]
+
+    def function(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """theta (flat, all heads) -> flat output at real rows."""
+        return lambda theta: self.output(self.unflatten(theta)).reshape(-1)
+
+    def jvp(self, theta: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
+        """J @ tangent by forward-mode AD (dual tensors; cheaper per call than torch.func.jvp here)."""
+        f = self.function()
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(f(fwAD.make_dual(theta, tangent))).tangent
+
+    def head_function(self, h: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Head h's own parameters (flat) -> head h's output columns at real rows (flat)."""
+        d = self.head_dim
+        base = {b: self.weight(b) for b in self.blocks}
+
+        def f(theta_h: torch.Tensor) -> torch.Tensor:
+            chunks = theta_h.reshape(len(self.blocks), d, self.dim)
+            weights = {
+                f"{BLOCK_NAMES[b]}.weight": torch.cat([base[b][: h * d], chunks[i], base[b][(h + 1) * d :]])
+                for i, b in enumerate(self.blocks)
+            }
+            return self.output(weights)[:, h * d : (h + 1) * d].reshape(-1)
+
+        return f
+
+
+def linearise(
+    layer: Attention, x: torch.Tensor, key_padding_mask: torch.Tensor | None, blocks: str
+) -> LinearisedLayer:
+    """The layer's ``jacobian_copy`` at x (augmented with a ones column when the layer has biases);
+    the caller's layer is never touched."""
+    if not isinstance(layer, Attention):
+        raise UserError(f"expected an attention layer (lra_cond Attention), got {type(layer).__name__}")
+    if x.dim() == 2:
+        x = x[None]
+        key_padding_mask = None if key_padding_mask is None else key_padding_mask.reshape(1, -1)
+    if x.dim() != 3 or x.shape[-1] != layer.dim:
+        raise UserError(f"x must be (batch, seq, {layer.dim}) — the layer's input — got {tuple(x.shape)}")
+    if key_padding_mask is not None and key_padding_mask.shape != x.shape[:2]:
+        raise UserError(
+            f"key_padding_mask must be (batch, seq) = {tuple(x.shape[:2])}, "
+            f"got {tuple(key_padding_mask.shape)}"
+        )
+    copy64 = layer.jacobian_copy().to(x.device)
+    x64 = x.detach().to(torch.float64)
+    if copy64.input_dim == layer.dim + 1:
+        x64 = torch.cat([x64, torch.ones_like(x64[..., :1])], -1)
+    mask = None if key_padding_mask is None else key_padding_mask.to(x.device).bool()
+    real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else ~mask
+    return LinearisedLayer(copy64, x64, mask, real, parse_blocks(blocks), layer.dim)
