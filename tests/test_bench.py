@@ -95,7 +95,7 @@ def test_monitor_probe_times_the_default_monitor(monkeypatch):
     from lra_cond.training.module import LraModel
 
     calls = []
-    real_probe = ConditionNumberMonitor.probe_model
+    real_probe = ConditionNumberMonitor.measure_layers
 
     def spy(self, model, probe):  # noqa: ANN001, ANN202
         start = time.perf_counter()
@@ -103,7 +103,7 @@ def test_monitor_probe_times_the_default_monitor(monkeypatch):
         calls.append((self, int(probe["length"].sum()), results, time.perf_counter() - start))
         return results
 
-    monkeypatch.setattr(ConditionNumberMonitor, "probe_model", spy)
+    monkeypatch.setattr(ConditionNumberMonitor, "measure_layers", spy)
     torch.manual_seed(0)
     model = LraModel(task="listops", dim=16, mlp_dim=32, max_len=300)
     batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([200, 150, 300])}

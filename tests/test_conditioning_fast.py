@@ -10,7 +10,7 @@ import torch
 import lra_cond.conditioning.spectrum as spectrum
 from lra_cond.conditioning import jacobian_condition
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.conditioning.probe import make_probe
+from lra_cond.conditioning.linearised import linearise
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
 
@@ -43,7 +43,7 @@ def test_closed_form_equals_forward_mode(family: str, options: dict, blocks: str
     torch.manual_seed(0)
     layer = build_attention(family, 12, 3, head_dim=5, **options)  # H*d_h != D, with biases
     x, mask = padded_input(0, 3, 20, 12)
-    probe = make_probe(layer, layer_norm(x) + 0.1, mask, blocks)
+    probe = linearise(layer, layer_norm(x) + 0.1, mask, blocks)
     for h in range(3):
         closed = probe.head_jacobian(h)
         reference = probe.ad_head_jacobian(h)
@@ -56,7 +56,7 @@ def test_every_family_has_a_closed_form() -> None:
     x = torch.randn(1, 30, 8, dtype=torch.float64)
     for family in ATTENTIONS.names():
         layer = build_attention(family, 8, 2, **({"num_landmarks": 4} if family == "nystrom" else {}))
-        probe = make_probe(layer, x, None, "qkv")
+        probe = linearise(layer, x, None, "qkv")
         assert probe.layer.head_jacobian_parts(probe.head_inputs(0)) is not None, family
 
 

@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 
 from lra_cond.callbacks.epochs import epochs_at
-from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe
+from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe_batch
 from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
@@ -110,7 +110,7 @@ class ConditionNumberMonitor(pl.Callback):
                     "using the first training batch"
                 )
                 loader = [fallback]
-            self._probe = take_probe(loader, self.probe_tokens)
+            self._probe = take_probe_batch(loader, self.probe_tokens)
         return self._probe
 
     @torch.inference_mode(False)
@@ -129,7 +129,7 @@ class ConditionNumberMonitor(pl.Callback):
         console.print(f"measuring the {what} (probe {self.probe_tokens} tokens, {self.method})...")
         start = time.perf_counter()
         try:
-            results = self.probe_model(pl_module, self._probe_batch(trainer, batch))
+            results = self.measure_layers(pl_module, self._probe_batch(trainer, batch))
         finally:
             pl_module.train(was_training)
         entry = self._entry(trainer, results, time.perf_counter() - start)
@@ -140,7 +140,9 @@ class ConditionNumberMonitor(pl.Callback):
 
     @torch.inference_mode(False)
     @torch.enable_grad()
-    def probe_model(self, model: torch.nn.Module, probe: dict[str, torch.Tensor]) -> list[JacobianCondition]:
+    def measure_layers(
+        self, model: torch.nn.Module, probe: dict[str, torch.Tensor]
+    ) -> list[JacobianCondition]:
         """Measure every attention layer of ``model`` on ``probe`` (a batch dict) with this monitor's
         settings; ``model`` is copied to float64 and never touched. Also what ``bench`` times."""
         copy64 = float64_copy(model)

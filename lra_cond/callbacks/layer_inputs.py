@@ -9,24 +9,24 @@ from typing import Any
 import torch
 from torch import nn
 
+from lra_cond.data.documents import LENGTH, is_ids, length_key
 from lra_cond.models.attention.base import Attention, attention_layers
 
 
-def take_probe(batches: Iterable[dict[str, torch.Tensor]], tokens: int) -> dict[str, torch.Tensor]:
+def take_probe_batch(batches: Iterable[dict[str, torch.Tensor]], tokens: int) -> dict[str, torch.Tensor]:
     """The first examples of ``batches`` (in loader order), each cropped to ``tokens`` tokens, until
     they hold at least ``tokens`` real tokens. A fixed, deterministic probe batch."""
     rows: list[dict[str, torch.Tensor]] = []
     total = 0
     for batch in batches:
-        for i in range(len(batch["length"])):
+        for i in range(len(batch[LENGTH])):
             row = {k: v[i : i + 1] for k, v in batch.items()}
-            for key in [k for k in row if k.startswith("input_ids")]:
-                suffix = key[len("input_ids") :]
-                length = row[f"length{suffix}"].clamp(max=tokens)
+            for key in [k for k in row if is_ids(k)]:
+                length = row[length_key(key)].clamp(max=tokens)
                 row[key] = row[key][:, : int(length.max())]
-                row[f"length{suffix}"] = length
+                row[length_key(key)] = length
             rows.append(row)
-            total += int(row["length"].sum())
+            total += int(row[LENGTH].sum())
             if total >= tokens:
                 return _stack(rows)
     if not rows:
@@ -37,7 +37,7 @@ def take_probe(batches: Iterable[dict[str, torch.Tensor]], tokens: int) -> dict[
 def _stack(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     out = {}
     for key in rows[0]:
-        if key.startswith("input_ids"):
+        if is_ids(key):
             n = max(r[key].shape[1] for r in rows)
             out[key] = torch.cat([nn.functional.pad(r[key], (0, n - r[key].shape[1])) for r in rows])
         else:

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from lra_cond.conditioning.linearised import LinearisedLayer, linearise
 from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
-from lra_cond.conditioning.probe import Probe, make_probe
 from lra_cond.conditioning.spectrum import Extremes, NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.errors import UserError
@@ -97,7 +97,7 @@ def input_condition(x: torch.Tensor, rtol: float) -> tuple[float, int]:
     return smax / smin, n_null
 
 
-def _too_small(probe: Probe) -> str | None:
+def _too_small(probe: LinearisedLayer) -> str | None:
     t, dim = probe.num_tokens, probe.dim
     need = len(probe.blocks) * dim
     if t < need:
@@ -224,7 +224,7 @@ def jacobian_condition(
     if input_rtol is None:
         eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
         input_rtol = max(100 * eps, RANK_RTOL)
-    probe = make_probe(layer, x, key_padding_mask, blocks)
+    probe = linearise(layer, x, key_padding_mask, blocks)
     # kappa of what the projections read: [x, 1] for a layer with biases (x alone would jump like
     # 1/beta as a LayerNorm bias leaves 0, exactly as J did with its biases held fixed), else x.
     kappa_x, n_null_x = input_condition(probe.x[probe.real], input_rtol)

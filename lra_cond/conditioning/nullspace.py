@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from lra_cond.conditioning.probe import Probe
+from lra_cond.conditioning.linearised import LinearisedLayer
 from lra_cond.conditioning.spectrum import NullGroup
 from lra_cond.linalg import RANK_RTOL, null_vectors
 from lra_cond.models.attention.jacobian import rows_equal
@@ -28,12 +28,12 @@ from lra_cond.models.attention.jacobian import rows_equal
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
 
 
-def centred_rows(probe: Probe) -> torch.Tensor:
+def centred_rows(probe: LinearisedLayer) -> torch.Tensor:
     """Real rows minus their sequence's mean (keys of different sequences never mix)."""
     return torch.cat([x - x.mean(0, keepdim=True) for x in probe.sequences() if x.shape[0]])
 
 
-def snap_input(probe: Probe, rtol: float) -> torch.Tensor:
+def snap_input(probe: LinearisedLayer, rtol: float) -> torch.Tensor:
     """Make near-exact input symmetries exact; returns an orthonormal basis w0 of {w : X~ w = 0}.
 
     Float32 LayerNorm outputs are mean-free only to ~1e-7; without snapping, the "null" values
@@ -64,7 +64,9 @@ def _layout(blocks: tuple[str, ...], parts: dict[str, torch.Tensor], d: int, dim
     return torch.cat([parts.get(b, z).reshape(m, -1) for b in blocks], 1).T
 
 
-def candidates(probe: Probe, h: int, blocks: tuple[str, ...], w0: torch.Tensor) -> dict[str, NullGroup]:
+def candidates(
+    probe: LinearisedLayer, h: int, blocks: tuple[str, ...], w0: torch.Tensor
+) -> dict[str, NullGroup]:
     """Every candidate group of head h for a scope over ``blocks``."""
     d, dim = probe.head_dim, probe.dim
     out: dict[str, NullGroup] = {}
@@ -82,7 +84,7 @@ def candidates(probe: Probe, h: int, blocks: tuple[str, ...], w0: torch.Tensor) 
 
 
 def verified_groups(
-    probe: Probe,
+    probe: LinearisedLayer,
     blocks: tuple[str, ...],
     w0: torch.Tensor,
     apply: Callable[[int, torch.Tensor], torch.Tensor],

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lra_cond.data.documents import is_ids, is_length
+
 
 class _Ragged:
     """One list column: per-chunk values and offsets, addressed by global row index."""
@@ -58,7 +60,7 @@ class PackedSplit(Dataset):
     def _build(self) -> None:
         table = self.split.with_format("arrow")[:]  # a zero-copy slice unless rows were re-indexed
         self.n = table.num_rows
-        self.ragged = {n: _Ragged(table.column(n)) for n in table.column_names if n.startswith("input_ids")}
+        self.ragged = {n: _Ragged(table.column(n)) for n in table.column_names if is_ids(n)}
         self.scalars = {
             n: table.column(n).to_numpy().astype(np.int64) for n in table.column_names if n not in self.ragged
         }
@@ -71,7 +73,7 @@ class PackedSplit(Dataset):
         batch = {name: pad_rows(col.rows(idx), self.max_len) for name, col in self.ragged.items()}
         for name, col in self.scalars.items():
             values = col[idx]
-            if self.max_len and name.startswith("length"):
+            if self.max_len and is_length(name):
                 values = np.minimum(values, self.max_len)
             batch[name] = torch.from_numpy(values)
         return batch

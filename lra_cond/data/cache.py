@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, load_from_disk
 
+from lra_cond.data.documents import is_ids, is_length, length_key
 from lra_cond.errors import UserError
 from lra_cond.locks import FileLock
 
@@ -135,10 +136,9 @@ def ragged(seqs: Sequence[np.ndarray]) -> pa.Array:
 def _table(columns: dict[str, Any]) -> pa.Table:
     arrays = {}
     for name, col in columns.items():
-        if name.startswith("input_ids"):
+        if is_ids(name):
             arrays[name] = ragged(col)
-            suffix = name.removeprefix("input_ids")
-            arrays[f"length{suffix}"] = pa.array([len(s) for s in col], pa.int32())
+            arrays[length_key(name)] = pa.array([len(s) for s in col], pa.int32())
         else:
             arrays[name] = pa.array(np.asarray(col), pa.int32())
     return pa.table(arrays)
@@ -171,7 +171,7 @@ def check_tables(tables: dict[str, pa.Table], limits: Limits, source: str) -> No
     for split, table in tables.items():
         for name in table.column_names:
             column = table.column(name)
-            if name.startswith("length"):
+            if is_length(name):
                 longest = pc.max(column).as_py()
                 if longest is not None and longest > limits.max_len:
                     i = pc.index(column, longest).as_py()
@@ -179,7 +179,7 @@ def check_tables(tables: dict[str, pa.Table], limits: Limits, source: str) -> No
                         f"example {i} of the {split} split has {longest} tokens, more than the task's "
                         f"maximum length {limits.max_len} (the model's position table)"
                     )
-            elif name.startswith("input_ids"):
+            elif is_ids(name):
                 low, high = pc.min_max(pc.list_flatten(column)).values()
                 if low.as_py() is not None and (low.as_py() < 0 or high.as_py() >= limits.vocab_size):
                     bad = low.as_py() if low.as_py() < 0 else high.as_py()

@@ -21,13 +21,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lra_cond.data.documents import document_keys
+
 
 def random_batch(
     spec: Any, batch: int, seq: int, padded: bool, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
     """Random tokens (ids 1..vocab-1) and labels; full lengths unless ``padded``."""
     out: dict[str, torch.Tensor] = {}
-    for suffix in ("", "2") if getattr(spec, "pair", False) else ("",):
+    for ids_key, length_key in document_keys(getattr(spec, "pair", False)):
         ids = torch.randint(1, spec.vocab_size, (batch, seq), generator=gen)
         if padded:
             lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=gen)
@@ -35,7 +37,7 @@ def random_batch(
         else:
             lengths = torch.full((batch,), seq)
         ids[torch.arange(seq)[None, :] >= lengths[:, None]] = 0
-        out["input_ids" + suffix], out["length" + suffix] = ids, lengths
+        out[ids_key], out[length_key] = ids, lengths
     out["label"] = torch.randint(0, spec.num_classes, (batch,), generator=gen)
     return out
 
@@ -170,12 +172,12 @@ def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     """Time one probe of a default ``ConditionNumberMonitor`` (its probe taken from ``batch`` as in
     ``fit``): (seconds, its cadence, a note)."""
     from lra_cond.callbacks.condition_monitor import ConditionNumberMonitor
-    from lra_cond.callbacks.layer_inputs import take_probe
+    from lra_cond.callbacks.layer_inputs import take_probe_batch
 
     monitor = ConditionNumberMonitor()
-    probe = take_probe([{k: v.cpu() for k, v in batch.items()}], monitor.probe_tokens)
+    probe = take_probe_batch([{k: v.cpu() for k, v in batch.items()}], monitor.probe_tokens)
     start = time.perf_counter()
-    results = monitor.probe_model(model, probe)
+    results = monitor.measure_layers(model, probe)
     probe_s = time.perf_counter() - start
     note = (
         f"probe {probe_s:.1f} s every {monitor.every_n_steps} steps "

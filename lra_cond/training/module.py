@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
 from lra_cond.checks import check_model_args
+from lra_cond.data.documents import document_keys
 from lra_cond.data.tasks import TASKS
 from lra_cond.errors import UserError
 from lra_cond.init import INITS, apply_init
@@ -134,9 +135,7 @@ class LraModel(pl.LightningModule):
         self.test_acc = MulticlassAccuracy(spec.num_classes, average="micro")
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.pair:
-            return self.net(batch["input_ids"], batch["length"], batch["input_ids2"], batch["length2"])
-        return self.net(batch["input_ids"], batch["length"])
+        return self.net(*(batch[key] for doc in document_keys(self.pair) for key in doc))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = F.cross_entropy(self(batch), batch["label"])
