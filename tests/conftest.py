@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def sigint_default() -> None:
+    """A child's SIGINT as a terminal's Ctrl-C would find it: pytest started as a background job
+    (``cmd &`` in a script, nohup) has SIGINT ignored, which its children inherit, and Python then
+    installs no KeyboardInterrupt handler (the Ctrl-C tests would see the signal do nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(
@@ -26,6 +34,7 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=sigint_default,
     )
 
 

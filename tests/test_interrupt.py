@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, sigint_default
 from test_resume import ARGS, HOOKS, RUN, assert_same, load
 
 
@@ -102,7 +102,12 @@ def test_ctrl_c_of_compare_stops_its_fit_gracefully(tiny_listops, tmp_path):
     args += ["--trainer.enable_progress_bar", "false"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "LRA_DATA": str(tiny_listops), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lra_cond", *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "lra_cond", *args],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_default,
     )
     run = tmp_path / "runs/listops-tiny/softmax/default/seed0"
     deadline = time.monotonic() + 300
