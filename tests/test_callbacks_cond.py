@@ -81,12 +81,6 @@ def test_every_probe_of_a_tiny_fit_is_explained(family: str, tiny_listops: Path,
     assert [h["step"] for h in history] == [0, 50, 100]
     for h in history:
         for layer in h["layers"]:
-            if family == "linear" and layer is h["layers"][1]:
-                # Known gap: linear attention's second layer can hold a few exact null directions
-                # mixing W_Q with (W_K, W_V) that the analytic groups miss (features whose queries
-                # keep one sign over the probe); they are counted from svdvals, never hidden.
-                assert layer["n_null"] >= layer["n_null_expected"]
-                continue
             assert layer["n_null"] == layer["n_null_expected"], (h["step"], layer["notes"])
             assert not any("svdvals" in n for n in layer["notes"])
 

@@ -229,3 +229,45 @@ def test_linear_attention_feature_gauge() -> None:
     assert res.null_groups["feature_gauge"] == 4 * 4 + 2
     assert res.n_null == res.n_null_expected == dense.n_null
     assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)
+
+
+def _one_token_below_zero(layer: torch.nn.Module, x: torch.Tensor, feature: int) -> None:
+    """Set the query bias of ``feature`` so that its query is positive at every token but one."""
+    with torch.no_grad():
+        q = x[0] @ layer.q_proj.weight[feature].double()
+        low, second = torch.sort(q).values[:2]
+        layer.q_proj.bias[feature] = float(-(low + second) / 2)
+
+
+@pytest.mark.parametrize("regime", ["all_positive", "one_token_below", "all_negative", "mixed"])
+def test_linear_attention_null_space_is_complete(regime: str) -> None:
+    """dA_i = 0 whenever dphi_i = (E + c_i I) phi_i with (S, z) -> (I - E^T)(S, z) + mu (S, z): every
+    exact null of the dense J is verified in the regimes that make such (W_Q, E, c) exist: queries
+    of one sign (phi affine where q > 0, phi' = phi where q <= 0), a feature that leaves its sign at
+    one token (one condition on its row of E), all queries negative (c_i any affine function of
+    x_i), several sequences (only combinations the shared K/V parameters reach)."""
+    torch.manual_seed(3)
+    layer = build_attention("linear", 12, 2)
+    x = layer_norm(torch.randn(2 if regime == "mixed" else 1, 40, 12, dtype=torch.float64))
+    with torch.no_grad():
+        shift = {"all_positive": 3.0, "one_token_below": 3.0, "all_negative": -3.0, "mixed": 0.0}[regime]
+        layer.q_proj.bias += shift
+        if regime == "mixed":
+            layer.q_proj.bias[:3] += 3.0
+    if regime == "one_token_below":
+        _one_token_below_zero(layer, x, 0)
+        _one_token_below_zero(layer, x, 7)
+    res = jacobian_condition(layer, x)
+    dense = jacobian_condition(layer, x, method="dense")
+    assert res.null_groups.get("feature_gauge", 0) > 0
+    assert res.n_null == res.n_null_expected == dense.n_null, res.notes
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)
+    for b in "qkv":
+        assert res.per_block[b].n_null == res.per_block[b].n_null_expected == dense.per_block[b].n_null, b
+    # the count is the spectrum's, not the cut's: a wide gap between the nulls and the rest
+    probe = linearise(layer, x, None, "qkv")
+    for h in range(2):
+        s = torch.linalg.svdvals(probe.head_jacobian(h))
+        s = s / s[0]
+        nulls = s[s <= 1e-13]
+        assert nulls.numel() and float(s[s > 1e-13].min()) > 1e3 * float(nulls.max()), h

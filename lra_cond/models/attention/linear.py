@@ -146,66 +146,118 @@ class LinearAttention(Attention, name="linear"):
             return None  # no reduction: G has full column rank
         return "key_value_statistics", tuple(blocks), vh.T
 
+    def _statistics_values(self, inp: jac.HeadInputs) -> torch.Tensor:
+        """Every sequence's (S_b, z_b), flattened and stacked: (B (d^2 + d),)."""
+        out = []
+        for x in inp.xs:
+            phi_k, v = feature_map(x @ inp.w["k"].T), x @ inp.w["v"].T
+            out.append(torch.cat([(phi_k.T @ v).reshape(-1), phi_k.sum(0)]))
+        return torch.cat(out)
+
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
-        """At eps = 0 the output depends on each sequence's (S_b, z_b) only up to a common scale: the
-        parameter direction that scales (S_b, z_b) (the minimum-norm solution of G theta = (S_b,
-        z_b), one per sequence) is null."""
-        blocks = [b for b in ("k", "v") if b in inp.blocks]
-        if "k" not in blocks:
-            return {}  # z depends on K only: V alone cannot scale (S, z) together
+        """Two groups, each kept to the combinations the K/V parameters of the scope can realise
+        (``_reachable``; phi = elu + 1 is not homogeneous, so a sequence's own scale, say, may be out
+        of reach while a combination is not):
+
+        * ``key_value_scale``: at eps = 0 the output sees each sequence's (S_b, z_b) only up to a
+          scale, so a parameter direction theta with G theta = (S_b, z_b) is null;
+        * ``feature_gauge``: dA_i = 0 whenever dphi_i = (E + c_i I) phi_i and (dS_b, dz_b) =
+          -E^T (S_b, z_b) + mu_b (S_b, z_b) (S^T - A_i z^T kills phi_i, so any c_i is free): the
+          query-side solutions come from ``_feature_directions``; the K/V side from G."""
+        kv = [b for b in ("k", "v") if b in inp.blocks]
         d, dim = inp.d, inp.dim
-        stats, g, u, sv, vh = self._statistics_jacobian(inp, blocks)
         per = d * d + d
-        targets = torch.zeros(len(stats), len(inp.xs), dtype=stats.dtype, device=stats.device)
+        if kv:
+            stats, _, u, sv, vh = self._statistics_jacobian(inp, kv)
+        else:  # no K/V in the scope: only directions whose statistics change is zero
+            stats = self._statistics_values(inp)
+            u, sv, vh = stats.new_zeros(len(stats), 0), stats.new_zeros(0), stats.new_zeros(0, 0)
+        scales = torch.zeros(len(stats), len(inp.xs), dtype=stats.dtype, device=stats.device)
         for b in range(len(inp.xs)):
-            targets[b * per : (b + 1) * per, b] = stats[b * per : (b + 1) * per]
-        theta = vh.T @ ((u.T @ targets) / sv[:, None])  # minimum-norm: G^+ targets
-        residual = (g @ theta - targets).norm() / targets.norm()
-        if float(residual) > 1e-8:
-            return {}  # (S_b, z_b) not reachable: no scaling direction
-        parts = theta.T.reshape(-1, len(blocks), d, dim)
-        groups = {"key_value_scale": {b: parts[:, i] for i, b in enumerate(blocks)}}
-        if "q" in inp.blocks and blocks == ["k", "v"]:
-            feature = self._feature_gauge(inp, g, u, sv, vh, stats)
-            if feature is not None:
-                groups["feature_gauge"] = feature
+            scales[b * per : (b + 1) * per, b] = stats[b * per : (b + 1) * per]
+        groups: dict[str, dict[str, torch.Tensor]] = {}
+        if kv:
+            combos, theta = _reachable(scales, u, sv, vh, float(stats.norm()))
+            if combos.shape[1]:
+                parts = theta.T.reshape(-1, len(kv), d, dim)
+                groups["key_value_scale"] = {b: parts[:, i] for i, b in enumerate(kv)}
+        if "q" in inp.blocks:
+            dq, e = _feature_directions(inp)
+            # (dS_b, dz_b) = -E^T (S_b, z_b) for every sequence, one column per direction
+            blocks = stats.reshape(len(inp.xs), per)
+            s_mats, z_vecs = blocks[:, : d * d].reshape(-1, d, d), blocks[:, d * d :]
+            ds = -torch.einsum("mbc,sbv->mscv", e, s_mats).reshape(len(e), len(inp.xs), d * d)
+            dz = -torch.einsum("mbc,sb->msc", e, z_vecs)
+            targets = torch.cat([ds, dz], 2).reshape(len(e), -1).T
+            combos, theta = _reachable(torch.cat([targets, scales], 1), u, sv, vh, float(stats.norm()))
+            if combos.shape[1]:
+                dq = torch.cat([dq, dq.new_zeros(scales.shape[1], d, dim)])
+                group = {"q": torch.einsum("jm,jbc->mbc", combos, dq)}
+                if kv:
+                    parts = theta.T.reshape(-1, len(kv), d, dim)
+                    group.update({b: parts[:, i] for i, b in enumerate(kv)})
+                groups["feature_gauge"] = group
         return groups
 
-    @staticmethod
-    def _feature_gauge(inp, g, u, sv, vh, stats):  # noqa: ANN001, ANN205
-        """phi(q_i) -> (I + E) phi(q_i) with (S, z) -> (I - E^T)(S, z) leaves every A_i unchanged; it
-        is a parameter direction when dphi_i = E phi_i is linear in x_i: for E = e_b e_c^T with b, c
-        features whose queries stay positive over the probe (phi = q + 1, phi' = 1: dq_b = q_c + 1),
-        and E = e_b e_b^T for a feature whose queries stay non-positive (phi = phi' = exp(q):
-        dq_b = 1). The (S, z) part comes from the minimum-norm K/V direction; "1" is the input
-        direction w with x . w = 1 on every real row (the bias column)."""
-        d, dim = inp.d, inp.dim
-        x_all = torch.cat(inp.xs)
-        q = x_all @ inp.w["q"].T
-        # gelsd (SVD): x_all is rank-deficient after a LayerNorm, where the default gelsy at times
-        # returned a non-solution (residual ~1), varying from run to run
-        target = torch.ones(len(x_all), 1, dtype=x_all.dtype)
-        ones = torch.linalg.lstsq(x_all, target, driver="gelsd").solution[:, 0]
-        if float((x_all @ ones - 1).abs().max()) > 1e-9:
-            return None
-        positive = torch.nonzero((q > 0).all(0)).flatten().tolist()
-        negative = torch.nonzero((q <= 0).all(0)).flatten().tolist()
-        pairs = [(b, c) for b in positive for c in positive] + [(b, b) for b in negative]
-        if not pairs:
-            return None
-        per = d * d + d
-        dq = torch.zeros(len(pairs), d, dim, dtype=q.dtype, device=q.device)
-        targets = torch.zeros(len(stats), len(pairs), dtype=q.dtype, device=q.device)
-        for j, (b, c) in enumerate(pairs):
-            dq[j, b] = (inp.w["q"][c] + ones) if b in positive else ones
-            for s_idx in range(len(inp.xs)):  # (dS, dz) = -E^T (S, z): row c gets -(row b)
-                block = stats[s_idx * per : (s_idx + 1) * per]
-                s_mat, z_vec = block[: d * d].reshape(d, d), block[d * d :]
-                ds, dz = torch.zeros_like(s_mat), torch.zeros_like(z_vec)
-                ds[c], dz[c] = -s_mat[b], -z_vec[b]
-                targets[s_idx * per : (s_idx + 1) * per, j] = torch.cat([ds.reshape(-1), dz])
-        theta = vh.T @ ((u.T @ targets) / sv[:, None])
-        if float((g @ theta - targets).norm()) > 1e-8 * float(targets.norm()):
-            return None
-        kv = theta.T.reshape(len(pairs), 2, d, dim)
-        return {"q": dq, "k": kv[:, 0], "v": kv[:, 1]}
+
+def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query-side directions (dW_Q, E) with phi'(q_i) * (dW_Q x_i) = (E + c_i I) phi(q_i) at every
+    probe token i for some c_i: ((m, d, D'), (m, d, d)), a basis of the solutions.
+
+    Row b of that system reads phi'_b * (X u_b) = Phi E_b + c * phi_b (u_b, E_b: rows b of dW_Q, E;
+    columns over the probe's tokens), so it splits by row once c is known. With c = 0 the
+    solutions of row b are the null space of A_b = [phi'_b * X, -Phi] (features whose queries
+    keep one sign over the probe give them: phi = q + 1 is affine in x where q > 0, phi' = phi
+    where q <= 0, and a token where a feature leaves its sign costs one condition). A c != 0 is
+    solvable when every c * phi_b lies in range(A_b) (c constant always is: E = I); each such c
+    adds one direction across the rows."""
+    d, dim = inp.d, inp.dim
+    x = torch.cat(inp.xs)
+    q = x @ inp.w["q"].T
+    phi = feature_map(q)
+    dphi = torch.where(q > 0, torch.ones_like(q), torch.exp(q))
+    homogeneous, complements, solvers = [], [], []
+    for b in range(d):
+        a_b = torch.cat([dphi[:, b, None] * x, -phi], 1)  # (T, D' + d)
+        u_b, s_b, vh_b = torch.linalg.svd(a_b, full_matrices=True)
+        rank = int((s_b > RANK_RTOL * s_b[0]).sum())
+        for vec in vh_b[rank:]:
+            homogeneous.append((b, vec))
+        complements.append(u_b[:, rank:].T * phi[:, b])  # rows: conditions on c
+        solvers.append((u_b[:, :rank], s_b[:rank], vh_b[:rank]))
+    conditions = torch.cat(complements)
+    if conditions.shape[0]:
+        _, s_c, vh_c = torch.linalg.svd(conditions, full_matrices=False)  # tall: vh_c is complete
+        s_c = torch.cat([s_c, s_c.new_zeros(len(x) - s_c.numel())])
+        c_basis = vh_c[s_c <= RANK_RTOL * float(s_c[0])].T
+    else:
+        c_basis = torch.eye(len(x), dtype=x.dtype, device=x.device)
+    m = len(homogeneous) + c_basis.shape[1]
+    dq, e = x.new_zeros(m, d, dim), x.new_zeros(m, d, d)
+    for j, (b, vec) in enumerate(homogeneous):
+        dq[j, b], e[j, b] = vec[:dim], vec[dim:]
+    for j, c in enumerate(c_basis.T, start=len(homogeneous)):
+        for b, (u_b, s_b, vh_b) in enumerate(solvers):  # the minimum-norm solution of row b
+            vec = vh_b.T @ ((u_b.T @ (c * phi[:, b])) / s_b)
+            dq[j, b], e[j, b] = vec[:dim], vec[dim:]
+    return dq, e
+
+
+# Relative residual below which a statistics target counts as reached by the K/V parameters: reached
+# targets leave ~1e-15 (round-off), out-of-reach ones O(1); the probe verifies each group anyway.
+REACH_RTOL = 1e-9
+
+
+def _reachable(
+    targets: torch.Tensor, u: torch.Tensor, sv: torch.Tensor, vh: torch.Tensor, reference: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The combinations C (m, k, orthonormal) of the statistics targets (columns of ``targets``)
+    that lie in the range of G = u diag(sv) vh (residual <= REACH_RTOL * ``reference``, the size
+    of the statistics), and the minimum-norm parameter directions theta (n, k) with
+    G theta = targets C. An empty G reaches only the zero target."""
+    residual = targets - u @ (u.T @ targets)
+    _, s, rh = torch.linalg.svd(residual, full_matrices=True)
+    s_full = torch.cat([s, s.new_zeros(targets.shape[1] - s.numel())])
+    combos = rh[s_full <= REACH_RTOL * reference].T
+    theta = vh.T @ ((u.T @ (targets @ combos)) / sv[:, None])
+    return combos, theta
