@@ -22,7 +22,7 @@ from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
-from lra_cond.models.attention.jacobian import HeadInputs, Part
+from lra_cond.models.attention.jacobian import HeadInputs, Part, Support
 from lra_cond.registry import Registry
 
 ATTENTIONS: Registry[type] = Registry("attention")
@@ -187,11 +187,10 @@ class Attention(nn.Module):
         takes it by forward-mode AD through ``kernel_explicit``."""
         return None
 
-    def jacobian_support(self, inp: HeadInputs) -> tuple[str, tuple[str, ...], torch.Tensor] | None:
-        """For blocks that reach the output only through a subspace: (a name, those blocks, an
-        orthonormal basis P (n_blocks * d * D', r) of a subspace holding every direction J sees
-        through them). The probe then works on J_S P: the complement's n - r directions are null
-        (checked numerically). None (default): no such structure."""
+    def jacobian_support(self, inp: HeadInputs) -> Support | None:
+        """For blocks that reach the output only through a subspace: that subspace (``Support``).
+        The probe then works on J_S P: the complement's n - r directions are null (checked
+        numerically). None (default): no such structure."""
         return None
 
     def symmetries(self, inp: HeadInputs) -> dict[str, dict[str, torch.Tensor]]:

@@ -53,6 +53,19 @@ class HeadInputs:
         return x @ self.w["q"].T, x @ self.w["k"].T, x @ self.w["v"].T
 
 
+@dataclass
+class Support:
+    """Blocks that reach a head's output only through a subspace: ``p`` (n_blocks * d * D', r), an
+    orthonormal basis of a subspace holding every direction J sees through ``blocks``. The probe
+    works on J_S P (the complement's n - r directions are null, checked numerically); a family
+    that can form J_S P more cheaply than the product passes it as ``columns`` (also checked)."""
+
+    name: str
+    blocks: tuple[str, ...]
+    p: torch.Tensor
+    columns: torch.Tensor | None = None  # (T * d, r): J_S P
+
+
 # ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')
 # A block's rows (i, a) and columns (b, c) are kept as a 4-index tensor [i, a, b, c] (or as its
 # factors) until ``columns`` flattens them.
