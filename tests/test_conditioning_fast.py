@@ -271,3 +271,20 @@ def test_linear_attention_null_space_is_complete(regime: str) -> None:
         s = s / s[0]
         nulls = s[s <= 1e-13]
         assert nulls.numel() and float(s[s > 1e-13].min()) > 1e3 * float(nulls.max()), h
+
+
+@pytest.mark.parametrize("iterations", [1, 3, 6])
+def test_pinv_output_jacobian_equals_reverse_mode(iterations: int) -> None:
+    """Nystrom's pinv iteration differentiated by hand (every cotangent at once) equals
+    torch.func.jacrev of the same function, also where the norms' maxima tie (the scale's gradient is
+    shared as torch's amax shares it) and far from convergence."""
+    from lra_cond.models.attention.nystrom import iterative_pinv, pinv_output_jacobian
+
+    gen = torch.Generator().manual_seed(iterations)
+    a = torch.softmax(torch.randn(7, 7, generator=gen, dtype=torch.float64), -1)
+    tied = torch.full((5, 5), 0.2, dtype=torch.float64) + 0.01 * torch.eye(5, dtype=torch.float64)
+    for mat in (a, tied):
+        right = torch.randn(mat.shape[0], 4, generator=gen, dtype=torch.float64)
+        reference = torch.func.jacrev(lambda m, r=right: iterative_pinv(m, iterations) @ r)(mat)
+        got = pinv_output_jacobian(mat, right, iterations, chunk=6)  # several chunks
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))

@@ -91,6 +91,55 @@ def iterative_pinv(a: torch.Tensor, iterations: int = 6) -> torch.Tensor:
     return z
 
 
+def pinv_output_jacobian(
+    a: torch.Tensor, right: torch.Tensor, iterations: int, chunk: int = 512
+) -> torch.Tensor:
+    """d (Z R)[r', c] / d A[r, t] for Z = ``iterative_pinv(A, iterations)`` of one (m, m) matrix and a
+    fixed R (m, n): (m, n, m, m), the iteration differentiated exactly (reverse mode, by hand).
+
+    Every cotangent e_r' R[:, c]^T of Z goes back through the iterations at once, as one batch of
+    (m, m) matrices: 8 batched products per iteration; measured 1.7 s against 3.8 s per head for
+    ``torch.func.jacrev`` of the same function at the reference shape (m = 64, d = 32, 1 thread),
+    same values (checked to 1e-12). Z0 = A^T / (||A||_1 ||A||_inf) is
+    differentiated too: the norms' maxima, with ties sharing the gradient as torch's ``amax`` does.
+    """
+    m, n = right.shape
+    eye = torch.eye(m, dtype=a.dtype, device=a.device)
+    col, row = a.abs().sum(-2), a.abs().sum(-1)
+    norm_1, norm_inf = col.amax(), row.amax()
+    scale = norm_1 * norm_inf
+    zs, saved = [a.T / scale], []
+    for _ in range(iterations):
+        az = a @ zs[-1]
+        t1 = 7 * eye - az
+        t2 = 15 * eye - az @ t1
+        p = 13 * eye - az @ t2
+        saved.append((az, t1, t2, p))
+        zs.append(0.25 * zs[-1] @ p)
+    sign = torch.sign(a)
+    col_max, row_max = (col == norm_1).to(a.dtype), (row == norm_inf).to(a.dtype)
+    d_scale = sign * (norm_inf * col_max[None, :] / col_max.sum() + norm_1 * row_max[:, None] / row_max.sum())
+    out = []
+    cotangents = [(r, c) for r in range(m) for c in range(n)]
+    for start in range(0, len(cotangents), chunk):
+        idx = torch.tensor(cotangents[start : start + chunk], device=a.device)
+        z_hat = torch.zeros(len(idx), m, m, dtype=a.dtype, device=a.device)
+        z_hat[torch.arange(len(idx)), idx[:, 0]] = right.T[idx[:, 1]]  # e_r' R[:, c]^T
+        a_hat = torch.zeros_like(z_hat)
+        for k in reversed(range(iterations)):  # z' = z p / 4, p = 13 - az (15 - az (7 - az)), az = a z
+            z, (az, t1, t2, p) = zs[k], saved[k]
+            p_hat = 0.25 * (z.T @ z_hat)
+            t2_hat = -(az.T @ p_hat)
+            t1_hat = -(az.T @ t2_hat)
+            az_hat = -(p_hat @ t2.T) - t2_hat @ t1.T - t1_hat
+            a_hat += az_hat @ z.T
+            z_hat = 0.25 * z_hat @ p.T + a.T @ az_hat
+        inner = (z_hat * a.T).sum((1, 2))  # <Z0_hat, A^T>: through the scale
+        a_hat += z_hat.transpose(1, 2) / scale - (inner / scale**2)[:, None, None] * d_scale
+        out.append(a_hat)
+    return torch.cat(out).reshape(m, n, m, m)
+
+
 def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> torch.Tensor:
     """Depthwise 'same' convolution of v (batch, heads, n, d) along n, one odd kernel per head
     (weight (heads, k)), shared over d: what ``conv2d`` with a (k, 1) kernel, padding (k // 2, 0) and
@@ -212,7 +261,8 @@ class NystromAttention(Attention, name="nystrom"):
         Z = the iterative pinv of A, C the conv skip, Q~ = S Q, K~ = S K (S: segment means, X~ = S X).
         Q and K reach O through F directly (softmax-like, query-local in Q), through B via Q~ and K,
         and through Z via A; V only linearly (O = P V, P = F Z B + C). With H = Z B V and
-        Psi(dA) = dZ (B V) (its (m d) x m^2 Jacobian by reverse-mode AD through the pinv iteration):
+        Psi(dA) = dZ (B V) (its (m d) x m^2 Jacobian by reverse mode through the pinv iteration,
+        ``pinv_output_jacobian``):
             dO/dW_Q = G^F_i x_i + sum_r (F Z)_ir N_r x~_r + F Psi_Q,  dO/dW_K = q_i R^F_i + sum_r
             (F Z)_ir q~_r R^B_r + F Psi_K,  dO/dW_V = e_b (P X)_i,
         G^F, R^F the softmax factors of F (values H, keys K~, inputs X~), N_r, R^B_r those of B."""
@@ -234,7 +284,7 @@ class NystromAttention(Attention, name="nystrom"):
             if "q" not in parts and "k" not in parts:
                 continue
             # Psi: d(Z BV) / dA, rows (r', a), columns (r, t); weighted by A (softmax rows of A)
-            jz = torch.func.jacrev(lambda a_, bv=bv: iterative_pinv(a_, self.pinv_iterations) @ bv)(a)
+            jz = pinv_output_jacobian(a, bv, self.pinv_iterations)
             jw = jz * a[None, None]  # [r', a, r, t]
             if "q" in parts:
                 g_f = jac.softmax_query_factor(f, k_l, hv, s)
