@@ -111,12 +111,45 @@ def test_value_block_is_eliminated_in_closed_form(monkeypatch: pytest.MonkeyPatc
     assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
+@pytest.mark.parametrize("family", ["nystrom", "linear"])
+def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Cholesky factor off by 1e-4 of its smallest pivot (random; a Gram's rounding errors are
+    absolute, so they spoil sigma_min, not sigma_max) fails every check; Rayleigh-Ritz on the exact J,
+    preconditioned by that factor, recovers sigma_min: equal to dense to 1e-8."""
+    torch.manual_seed(4)
+    layer = build_attention(family, 8, 2, **({"num_landmarks": 6} if family == "nystrom" else {}))
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    dense = jacobian_condition(layer, x, method="dense")
+    real = spectrum._triangular
+    gen = torch.Generator().manual_seed(0)
+
+    def spoiled(rows, t, use_qr, g=None):  # noqa: ANN001, ANN202
+        r, route = real(rows, t, use_qr, g)
+        if route == "cholesky":
+            noise = torch.randn(r.shape, generator=gen, dtype=r.dtype).triu()
+            r = r + 1e-4 * noise * r.diagonal().abs().min()
+        return r, route
+
+    monkeypatch.setattr(spectrum, "_triangular", spoiled)
+    refined = jacobian_condition(layer, x)
+    assert any("refined on the exact J" in n for n in refined.notes)
+    assert not any("Householder QR" in n for n in refined.notes)
+    # the spoiled factor moves sigma_max by ~1e-6 too (a real Gram's does not): sigma_min is the test
+    assert refined.sigma_min == pytest.approx(dense.sigma_min, rel=1e-8)
+    for b in "qkv":
+        assert refined.per_block[b].sigma_min == pytest.approx(dense.per_block[b].sigma_min, rel=1e-8), b
+    assert refined.kappa == pytest.approx(dense.kappa, rel=1e-6)
+
+
 def test_a_cholesky_that_fails_the_check_is_redone_by_qr(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(4)
     layer = build_attention("nystrom", 8, 2, num_landmarks=6)
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     base = jacobian_condition(layer, x)
     monkeypatch.setattr(spectrum, "CHECK_RTOL", -1.0)  # every check fails
+    monkeypatch.setattr(spectrum, "_refined_sigma_min", lambda *args: None)  # and the refinement
     redone = jacobian_condition(layer, x)
     assert any("recomputed by Householder QR" in n for n in redone.notes)
     assert redone.kappa == pytest.approx(base.kappa, rel=1e-8)
