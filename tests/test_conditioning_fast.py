@@ -321,3 +321,33 @@ def test_pinv_output_jacobian_equals_reverse_mode(iterations: int) -> None:
         reference = torch.func.jacrev(lambda m, r=right: iterative_pinv(m, iterations) @ r)(mat)
         got = pinv_output_jacobian(mat, right, iterations, chunk=6)  # several chunks
         torch.testing.assert_close(got, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
+
+
+@pytest.mark.parametrize("blocks", [["k"], ["v"], ["k", "v"]])
+@pytest.mark.parametrize("sequences", [1, 3])
+def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], sequences: int) -> None:
+    """Linear attention's (S, z)-Jacobian in closed form (diagonal blocks per row of W_K or W_V, one
+    coupled block for both) equals torch.func.jacrev of the statistics."""
+    from lra_cond.models.attention.linear import _statistics_blocks, feature_map
+
+    torch.manual_seed(sequences)
+    layer = build_attention("linear", 12, 2)
+    x = layer_norm(torch.randn(sequences, 9, 12, dtype=torch.float64)) + 0.2
+    inp = linearise(layer, x, None, "qkv").head_inputs(1)
+    d, dim = inp.d, inp.dim
+
+    def statistics(flat: torch.Tensor) -> torch.Tensor:
+        w = dict(inp.w, **dict(zip(blocks, flat.reshape(len(blocks), d, dim))))
+        out = []
+        for xs in inp.xs:
+            phi_k, v = feature_map(xs @ w["k"].T), xs @ w["v"].T
+            out.append(torch.cat([(phi_k.T @ v).reshape(-1), phi_k.sum(0)]))
+        return torch.cat(out)
+
+    reference = torch.func.jacrev(statistics)(torch.cat([inp.w[b].reshape(-1) for b in blocks]))
+    n_params, parts = _statistics_blocks(inp, blocks)
+    closed = reference.new_zeros(reference.shape)
+    for rows, cols, mat in parts:
+        closed[rows[:, None], cols[None, :]] = mat
+    assert n_params == reference.shape[1]
+    torch.testing.assert_close(closed, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
