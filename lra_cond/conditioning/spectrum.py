@@ -184,8 +184,8 @@ class Preconditioner:
             if kind == "kron":
                 lb, w = mats[0], mats[1]
                 d, p = lb.shape[0], w.shape[0]
-                ab = (block.reshape(-1, p) @ w).reshape(-1, d, p).transpose(1, 2) @ lb
-                out.append(ab.transpose(1, 2).reshape(a.shape[0], n))
+                tmp = (block.reshape(-1, p) @ w).reshape(-1, d, p)  # input side, then the output side
+                out.append((lb.T @ tmp).reshape(a.shape[0], n))  # in place: no transposed copies
             else:
                 out.append(torch.linalg.solve_triangular(mats[0], block, upper=True, left=False))
             start += n
@@ -381,6 +381,7 @@ def _triangular(
     """R' with R'^T R' = T^T A^T A T (A the stacked rows): Cholesky of the preconditioned Gram
     (``g`` when the caller formed it from factors), or Householder QR of the preconditioned rows
     (also when the Gram is not numerically definite)."""
+    pre = None
     if not use_qr:
         if g is None:
             pre = [t.right(r) for r in rows]
@@ -390,8 +391,9 @@ def _triangular(
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky"
-    pre = [t.right(r) for r in rows]
-    r = torch.linalg.qr(torch.cat(pre), mode="r").R
+    if pre is None:
+        pre = [t.right(r) for r in rows]
+    r = torch.linalg.qr(torch.cat(pre) if len(pre) > 1 else pre[0], mode="r").R
     return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr"
 
 
