@@ -126,6 +126,8 @@ def columns(parts: dict[str, Part], blocks: tuple[str, ...]) -> torch.Tensor:
 
 def stack_sequences(per_sequence: list[Part]) -> Part:
     """Rows of every sequence, in probe order."""
+    if len(per_sequence) == 1:
+        return per_sequence[0]  # one probe sequence (the usual case): no copy of the block
     if isinstance(per_sequence[0], Factored):
         return Factored.cat(per_sequence)  # type: ignore[arg-type]
     return torch.cat(per_sequence, 0)
