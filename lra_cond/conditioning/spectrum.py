@@ -267,12 +267,12 @@ def _deflate_columns(
         par = blocks[0].new_empty(m, n_par) if n_c else None
         col = pcol = 0
         for b, rot, wp in zip(blocks[:n_blocks], rotations, perp_widths):
-            r3 = (b.reshape(m * d, dim) @ rot).reshape(m, d, dim)
-            res[:, col : col + wp] = r3[:, :, : wp // d].reshape(m, wp)
+            b2 = b.reshape(m * d, dim)  # each side's product lands contiguous: one copy into place
+            res[:, col : col + wp] = (b2 @ rot[:, : wp // d]).view(m, wp)
             col += wp
             width = size - wp
             if par is not None and width:
-                par[:, pcol : pcol + width] = r3[:, :, wp // d :].reshape(m, width)
+                par[:, pcol : pcol + width] = (b2 @ rot[:, wp // d :]).view(m, width)
                 pcol += width
         if dense and par is not None:
             par[:, pcol:] = blocks[-1]
