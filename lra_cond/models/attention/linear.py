@@ -180,8 +180,8 @@ class LinearAttention(Attention, name="linear"):
         if "q" in inp.blocks:
             dq, e = _feature_directions(inp)
             # (dS_b, dz_b) = -E^T (S_b, z_b) for every sequence, one column per direction
-            blocks = stats.reshape(len(inp.xs), per)
-            s_mats, z_vecs = blocks[:, : d * d].reshape(-1, d, d), blocks[:, d * d :]
+            per_sequence = stats.reshape(len(inp.xs), per)
+            s_mats, z_vecs = per_sequence[:, : d * d].reshape(-1, d, d), per_sequence[:, d * d :]
             ds = -torch.einsum("mbc,sbv->mscv", e, s_mats).reshape(len(e), len(inp.xs), d * d)
             dz = -torch.einsum("mbc,sb->msc", e, z_vecs)
             targets = torch.cat([ds, dz], 2).reshape(len(e), -1).T
@@ -244,9 +244,10 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
 REACH_RTOL = 1e-9
 
 
-def _statistics_blocks(
-    inp: jac.HeadInputs, blocks: list[str]
-) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+GBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows of G, columns of G, the block)
+
+
+def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, list[GBlock]]:
     """G = d (S_b, z_b) / d (W_K, W_V) in closed form, as independent diagonal blocks (rows into
     the statistics, columns into the parameters, the block): with phi'_j = elu'(k_j),
         dS[b, a] / dW_K[b, c] = sum_j phi'_jb v_ja x_jc,  dz[b] / dW_K[b, c] = sum_j phi'_jb x_jc,
@@ -303,7 +304,7 @@ class _Statistics:
     singular values accurate to eps * sigma_max (through the Gram, null and genuine values below
     ~1e-6 blur)."""
 
-    def __init__(self, stats: torch.Tensor, n_params: int, blocks: list) -> None:  # noqa: ANN001
+    def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock]) -> None:
         self.stats, self.n_params = stats, n_params
         self._blocks, factored, widths = [], {}, []
         for rows, cols, mat in blocks:
@@ -363,7 +364,8 @@ def _reachable(
     statistics), and the minimum-norm parameter directions theta (n, k) with G theta = targets C.
     No G (a scope without K/V) reaches only the zero target."""
     residual = st.residual(targets) if st is not None else targets
-    _, s, rh = torch.linalg.svd(residual, full_matrices=True)
+    # rh must be complete (m x m); a tall residual gives it without the (rows x rows) U
+    _, s, rh = torch.linalg.svd(residual, full_matrices=residual.shape[0] < residual.shape[1])
     s_full = torch.cat([s, s.new_zeros(targets.shape[1] - s.numel())])
     combos = rh[s_full <= REACH_RTOL * reference].T
     if st is None:
