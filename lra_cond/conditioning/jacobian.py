@@ -23,7 +23,9 @@ were excluded (the verified ones, plus any value <= rtol * sigma_max they do not
 Methods:
 * ``gram`` (default): value block eliminated in closed form, preconditioned Gram, Cholesky, block
   Lanczos on the factor and its inverse (``spectrum``); exact to ~1e-8 relative, with a check
-  against the exact J that falls back to Householder QR when the Gram lost precision.
+  against the exact J: when the Gram lost sigma_min, sigma_min is taken from the exact J by
+  preconditioned Rayleigh-Ritz, and the factor is recomputed by Householder QR only if that
+  does not settle (or the Gram is not numerically definite).
 * ``qr``: the same with the factor from Householder QR (slower, never squares the condition).
 * ``dense``: every singular value of every head block by ``svdvals``, null cut at rtol; the
   reference, minutes per layer at the reference shape.
