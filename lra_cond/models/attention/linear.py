@@ -25,6 +25,11 @@ def feature_map(x: torch.Tensor) -> torch.Tensor:
     return F.elu(x) + 1.0
 
 
+def feature_map_derivative(x: torch.Tensor) -> torch.Tensor:
+    """elu'(x): 1 where x > 0, exp(x) (= phi(x)) elsewhere."""
+    return torch.where(x > 0, torch.ones_like(x), torch.exp(x))
+
+
 class LinearAttention(Attention, name="linear"):
     """elu+1 linear attention; option ``eps`` (1e-6) keeps the denominator away from zero.
 
@@ -86,11 +91,11 @@ class LinearAttention(Attention, name="linear"):
             den = phi_q @ z  # (L,)
             a = (phi_q @ s) / den[:, None]
             if "q" in parts:
-                dphi_q = torch.where(q > 0, torch.ones_like(q), torch.exp(q))  # elu'(q)
+                dphi_q = feature_map_derivative(q)
                 g = (s.T[None] - a[:, :, None] * z[None, None, :]) * (dphi_q / den[:, None])[:, None, :]
                 parts["q"].append(jac.Factored("query_local", g, x))
             if "k" in parts:
-                dphi_k = torch.where(k > 0, torch.ones_like(k), torch.exp(k))
+                dphi_k = feature_map_derivative(k)
                 u = torch.einsum("ja,jb,jc->abc", v, dphi_k, x)
                 zz = dphi_k.T @ x  # (d, D')
                 coef = phi_q / den[:, None]  # (L, d): phi(q_i)[b] / den_i
@@ -211,7 +216,7 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
     x = torch.cat(inp.xs)
     q = x @ inp.w["q"].T
     phi = feature_map(q)
-    dphi = torch.where(q > 0, torch.ones_like(q), torch.exp(q))
+    dphi = feature_map_derivative(q)
     homogeneous, complements, solvers = [], [], []
     for b in range(d):
         a_b = torch.cat([dphi[:, b, None] * x, -phi], 1)  # (T, D' + d)
@@ -264,7 +269,7 @@ def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, lis
     n_k, n_c = [], []  # per sequence: (d, d, D') K-side sums, (d, D') z sums; (d, D') V-side sums
     for x in inp.xs:
         k, v = x @ inp.w["k"].T, x @ inp.w["v"].T
-        dphi = torch.where(k > 0, torch.ones_like(k), torch.exp(k))
+        dphi = feature_map_derivative(k)
         n_k.append((torch.einsum("jb,ja,jc->bac", dphi, v, x), dphi.T @ x))
         n_c.append(feature_map(k).T @ x)
     eye = torch.eye(d, dtype=inp.w["k"].dtype, device=device)

@@ -120,20 +120,21 @@ def pinv_output_jacobian(
     col_max, row_max = (col == norm_1).to(a.dtype), (row == norm_inf).to(a.dtype)
     d_scale = sign * (norm_inf * col_max[None, :] / col_max.sum() + norm_1 * row_max[:, None] / row_max.sum())
     out = []
-    cotangents = [(r, c) for r in range(m) for c in range(n)]
-    for start in range(0, len(cotangents), chunk):
-        idx = torch.tensor(cotangents[start : start + chunk], device=a.device)
-        z_hat = torch.zeros(len(idx), m, m, dtype=a.dtype, device=a.device)
-        z_hat[torch.arange(len(idx)), idx[:, 0]] = right.T[idx[:, 1]]  # e_r' R[:, c]^T
-        a_hat = torch.zeros(len(idx) * m, m, dtype=a.dtype, device=a.device)
+    r_of = torch.arange(m, device=a.device).repeat_interleave(n)  # cotangent j = (r', c), row-major
+    c_of = torch.arange(n, device=a.device).repeat(m)
+    for start in range(0, m * n, chunk):
+        r_idx, c_idx = r_of[start : start + chunk], c_of[start : start + chunk]
+        batch, rows = len(r_idx), len(r_idx) * m
+        z_hat = torch.zeros(batch, m, m, dtype=a.dtype, device=a.device)
+        z_hat[torch.arange(batch), r_idx] = right.T[c_idx]  # e_r' R[:, c]^T
+        a_hat = torch.zeros(rows, m, dtype=a.dtype, device=a.device)
         for k in reversed(range(iterations)):  # z' = z p / 4, p = 13 - az (15 - az (7 - az)), az = a z
             z, (az, t1, t2, p) = zs[k], saved[k]
-            # the adjoint of each product, fused (addmm/baddbmm) and with signs folded in: the batch
-            # is 2048 x 64 x 64 at the reference shape, so every elementwise pass costs ~20 ms
+            # the adjoint of each product, fused (addmm) and with signs folded in: the batch is
+            # 2048 x 64 x 64 at the reference shape, so every elementwise pass costs ~20 ms
             p_hat = (0.25 * z.T) @ z_hat
             minus_t2_hat = az.T @ p_hat  # t2_hat = -az^T p_hat
             t1_hat = az.T @ minus_t2_hat
-            rows = len(idx) * m
             # az_hat = -t1_hat - t2_hat t1^T - p_hat t2^T
             az_hat = torch.addmm(t1_hat.view(rows, m), minus_t2_hat.view(rows, m), t1.T, beta=-1.0)
             az_hat = torch.addmm(az_hat, p_hat.view(rows, m), t2.T, alpha=-1.0)
