@@ -125,8 +125,8 @@ def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
     real = spectrum._triangular
     gen = torch.Generator().manual_seed(0)
 
-    def spoiled(rows, t, use_qr, g=None):  # noqa: ANN001, ANN202
-        r, route = real(rows, t, use_qr, g)
+    def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
+        r, route = real(rows, t, use_qr, g, reg)
         if route == "cholesky":
             noise = torch.randn(r.shape, generator=gen, dtype=r.dtype).triu()
             r = r + 1e-4 * noise * r.diagonal().abs().min()
@@ -233,15 +233,16 @@ def test_factored_blocks_give_the_dense_per_block_values(
 
     def spy(*args):  # noqa: ANN002, ANN202
         out = real(*args)
-        taken.append(out is not None)
+        taken.append("regularised" if out[3] is not None else "deflated")
         return out
 
     monkeypatch.setattr(spectrum, "_factored_scope", spy)
     fast = jacobian_condition(layer, x, mask)
     dense = jacobian_condition(layer, x, mask, method="dense")
-    # softmax factors Q and K; normalized and linear their query-local Q (normalized's q_scale
-    # is not input-side, so its Q takes the general path)
-    assert sum(taken) == {"softmax": 4, "normalized": 0, "linear": 2}[family]
+    # softmax factors Q and K; normalized and linear their query-local Q. Normalized's q_scale is
+    # not input-side: its Q keeps every coordinate and the null directions are regularised
+    want = {"softmax": ["deflated"] * 4, "normalized": ["regularised"] * 2, "linear": ["deflated"] * 2}
+    assert taken == want[family]
     for b in "qkv":
         assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
         assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
@@ -351,3 +352,35 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
         closed[rows[:, None], cols[None, :]] = mat
     assert n_params == reference.shape[1]
     torch.testing.assert_close(closed, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
+
+
+def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Normalized attention's Q and K alone keep every coordinate and regularise their null
+    directions (the scale is not input-side); the values equal dense, and a null direction the
+    family does not declare (here K's scale) is still counted from exact svdvals, never hidden."""
+    from lra_cond.models.attention.normalized import NormalizedAttention
+
+    class NoKeyScale(NormalizedAttention):  # not registered: a test double
+        def symmetries(self, inp):  # noqa: ANN001, ANN201
+            return {n: g for n, g in super().symmetries(inp).items() if n != "k_scale"}
+
+    torch.manual_seed(5)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    regularised = []
+    real_solve = spectrum._solve
+
+    def spy(rows, t, value, *args, null=None, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        regularised.append(null is not None)
+        return real_solve(rows, t, value, *args, null=null, **kwargs)
+
+    monkeypatch.setattr(spectrum, "_solve", spy)
+    for layer in (build_attention("normalized", 8, 2), NoKeyScale(8, 2)):
+        regularised.clear()
+        fast = jacobian_condition(layer, x)
+        dense = jacobian_condition(layer, x, method="dense")
+        assert regularised == [False, True, True] * 2  # per head: the whole head, then Q and K
+        for b in "qk":
+            assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8), b
+            assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
+    assert fast.per_block["k"].n_null == fast.per_block["k"].n_null_expected + 2  # one per head
+    assert any("k, head 0" in n and "svdvals" in n for n in fast.notes)

@@ -17,9 +17,17 @@ whose effect is undone exactly:
    -> 6e3 on a layer whose kappa(J) is 2e7), so its Cholesky factor R' keeps every singular value
    to relative accuracy ~eps * kappa(J_A T)^2 (Ostrowski: R = R' T^{-1} satisfies
    R^T R = T^{-T} (G' + E) T^{-1} with ||G'^{-1/2} E G'^{-1/2}|| <= c eps kappa(G')).
-3. **Null space by regularisation, not deflation.** G' + beta Q_B Q_B^T, Q_B an orthonormal basis of
-   T^T N, is positive definite and equals T^T (J^T J + N Z N^T) T: on N^perp it is J^T J exactly.
-   Lanczos vectors are projected onto N^perp, so the regularised eigenvalues never enter.
+3. **Null space: deflated or regularised.** The whole head's null space (the gauge: ~1/3 of its
+   columns) is deflated by orthogonal transformations (``_deflate_columns``): every block's input
+   side is rotated so that the null directions live in a few input coordinates, and only those are
+   replaced by their complement. A block alone has few null directions (k <= n / 4,
+   ``REGULARISE_RATIO``): it keeps every coordinate and its Kronecker preconditioner, and the null
+   space is regularised instead: G' + beta Q_B Q_B^T, Q_B an orthonormal basis of T^T N, is
+   positive definite and equals T^T (J^T J + N Z N^T) T, which is J^T J on N^perp and maps N to
+   itself. Lanczos and Rayleigh-Ritz vectors are projected onto N^perp, so the regularised
+   eigenvalues never enter. (Deflating a block with a non-input-side null, e.g. normalized
+   attention's scale W_Q, would turn all of W_Q's row space into dense columns: a Householder
+   pass, a dense preconditioner and a triangular solve over every row, ~30% of such a probe.)
 4. **Extremes by block Lanczos** on R^T R (sigma_max^2) and on (R^T R)^{-1} (1/sigma_min^2, by
    triangular solves: sigma_min keeps its own relative accuracy).
 5. **A check with the exact J.** The Rayleigh quotient ||J u|| / ||u|| of the sigma_min vector
@@ -27,13 +35,13 @@ whose effect is undone exactly:
    preconditioned Rayleigh-Ritz on J^T J with the factor's inverse Gram as the preconditioner,
    from the factor's vector (``_refined_sigma_min``; every iterate an upper bound, exact to
    eps * sigma_max through the SVD of J V, a few steps to 1e-10; tested: a factor off by 1e-4
-   gives sigma_min to 1e-8). Only if that does not settle is R' recomputed by
-   Householder QR of the stacked [J_A T; sqrt(beta) Q_B^T] (backward stable: the same R' without
-   squaring the condition number, ~140 GFLOP at the reference shape). ``method="qr"`` takes that
-   route directly.
+   gives sigma_min to 1e-8). Only if that does not settle is R' recomputed by Householder QR of
+   the preconditioned rows (stacked on sqrt(beta) Q_B^T when regularised; backward stable: the
+   same R' without squaring the condition number, ~140 GFLOP at the reference shape).
+   ``method="qr"`` takes that route directly.
 
 If a null value is left that the verified groups do not explain (sigma_min <= rtol * sigma_max),
-the scope falls back to an exact svdvals of the regularised matrix and counts the extra nulls.
+the scope falls back to an exact svdvals of J on N^perp and counts the extra nulls.
 """
 
 from __future__ import annotations
@@ -218,6 +226,7 @@ def dense_whitening(a: torch.Tensor) -> torch.Tensor:
     return torch.linalg.cholesky_ex(g + shift * eye, upper=True)[0]
 
 
+REGULARISE_RATIO = 4  # a block alone regularises its k null directions when k * this <= its columns
 DENSE_PRECONDITIONER_MAX = 1536  # larger mixed blocks get a diagonal (Jacobi) preconditioner
 
 
@@ -302,7 +311,8 @@ def _deflate_columns(
 @dataclass
 class _Factor:
     """R with R^T R = J^T J on one scope's deflated coordinates: R = [[diag(rv), C], [0, R' T^{-1}]]
-    (the value part optional), R'^T R' = T^T A^T A T. ``rows`` are the exact rows, for checks."""
+    (the value part optional), R'^T R' = T^T A^T A T. ``rows`` are the exact rows, for checks.
+    With ``null`` (regularised), R^T R = J^T J + N Z N^T: every vector is projected off N."""
 
     rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
     c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
@@ -310,6 +320,11 @@ class _Factor:
     t: Preconditioner
     rows: list[torch.Tensor]  # exact row blocks whose Gram is the rest's Gram
     route: str
+    null: torch.Tensor | None = None  # orthonormal null basis still in the coordinates (regularised)
+
+    def project(self, u: torch.Tensor) -> torch.Tensor:
+        """u without its component along the regularised null directions (identity if none)."""
+        return u if self.null is None else u - self.null @ (self.null.T @ u)
 
     @property
     def n_v(self) -> int:
@@ -369,6 +384,9 @@ class _Factor:
     def dense(self) -> torch.Tensor:
         """The exact matrix whose singular values these are (for the svdvals fallback)."""
         a = torch.cat(self.rows)
+        if self.null is not None:  # the complement of the regularised null directions
+            q = torch.linalg.qr(self.null, mode="complete").Q
+            a = a @ q[:, self.null.shape[1] :]
         if self.rv is None:
             return a
         zeros = a.new_zeros(a.shape[0], self.n_v)
@@ -376,11 +394,16 @@ class _Factor:
 
 
 def _triangular(
-    rows: list[torch.Tensor], t: Preconditioner, use_qr: bool, g: torch.Tensor | None = None
+    rows: list[torch.Tensor],
+    t: Preconditioner,
+    use_qr: bool,
+    g: torch.Tensor | None = None,
+    reg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str]:
-    """R' with R'^T R' = T^T A^T A T (A the stacked rows): Cholesky of the preconditioned Gram
-    (``g`` when the caller formed it from factors), or Householder QR of the preconditioned rows
-    (also when the Gram is not numerically definite)."""
+    """R' with R'^T R' = T^T A^T A T + beta Q Q^T (A the stacked rows, Q = ``reg`` an orthonormal
+    basis of T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when the
+    caller formed it from factors), or Householder QR of the preconditioned rows stacked on
+    sqrt(beta) Q^T (also when the Gram is not numerically definite)."""
     pre = None
     if not use_qr:
         if g is None:
@@ -388,23 +411,24 @@ def _triangular(
             g = gram(pre[0])
             for p in pre[1:]:
                 g = g + gram(p)
+        if reg is not None:
+            g = torch.addmm(g, reg, reg.T, alpha=float(g.diagonal().mean()))
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky"
     if pre is None:
         pre = [t.right(r) for r in rows]
+    if reg is not None:
+        beta = sum(float(p.square().sum()) for p in pre) / reg.shape[0]
+        pre = [*pre, beta**0.5 * reg.T]
     r = torch.linalg.qr(torch.cat(pre) if len(pre) > 1 else pre[0], mode="r").R
     return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr"
 
 
-def _identity(u: torch.Tensor) -> torch.Tensor:
-    return u
-
-
 def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, bool]:
     dtype, device = factor.r.dtype, factor.r.device
-    top = top_eigenpair(lambda u: factor.rt_apply(factor.r_apply(u)), factor.n, _identity, dtype, device)
-    inv = top_eigenpair(factor.inverse_gram, factor.n, _identity, dtype, device)
+    top = top_eigenpair(lambda u: factor.rt_apply(factor.r_apply(u)), factor.n, factor.project, dtype, device)
+    inv = top_eigenpair(factor.inverse_gram, factor.n, factor.project, dtype, device)
     sigma_max = math.sqrt(max(top.value, 0.0))
     sigma_min = 1.0 / math.sqrt(inv.value) if inv.value > 0 and math.isfinite(inv.value) else 0.0
     return sigma_max, sigma_min, inv.vector, top.converged and inv.converged
@@ -444,7 +468,7 @@ def _refined_sigma_min(
     for _ in range(steps):
         jw = factor.exact_apply(w)
         rho = float(jw.square().sum())
-        p = factor.inverse_gram(factor.exact_apply_t(jw) - rho * w)
+        p = factor.project(factor.inverse_gram(factor.exact_apply_t(jw) - rho * w))
         span = torch.cat([w, p] + ([previous] if previous is not None else []), 1)
         v = torch.linalg.qr(span).Q
         _, s, vh = torch.linalg.svd(factor.exact_apply(v), full_matrices=False)
@@ -463,11 +487,15 @@ def _solve(
     rtol: float,
     method: str,
     g: torch.Tensor | None = None,
+    null: torch.Tensor | None = None,
 ) -> Extremes:
+    """``null``: an orthonormal basis of null directions left in the coordinates (regularised in
+    the factor, projected out of every Lanczos and Rayleigh-Ritz vector)."""
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
-    r, route = _triangular(rows, t, use_qr=method == "qr", g=g)
-    factor = _Factor(rv, c, r, t, rows, route)
+    reg = None if null is None else torch.linalg.qr(t.apply_t(null)).Q
+    r, route = _triangular(rows, t, use_qr=method == "qr", g=g, reg=reg)
+    factor = _Factor(rv, c, r, t, rows, route, null)
     smax, smin, vec, converged = _extremes(factor)
     if route == "cholesky" and (smin <= rtol * smax or _check(factor, smax, smin, vec) > 0):
         # the Gram lost sigma_min: take it from the exact J, the factor as preconditioner, and
@@ -478,7 +506,7 @@ def _solve(
             smin = refined
         else:
             notes.append("the Gram's Cholesky factor lost sigma_min: recomputed by Householder QR")
-            factor.r, factor.route = _triangular(rows, t, use_qr=True)
+            factor.r, factor.route = _triangular(rows, t, use_qr=True, reg=reg)
             smax, smin, vec, converged = _extremes(factor)
     if not converged:
         notes.append("Lanczos did not converge to 1e-10")
@@ -505,13 +533,16 @@ def _input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor,
 
 def _factored_scope(
     f: Factored, rows: list[torch.Tensor], null: torch.Tensor, d: int, dim: int, x: torch.Tensor
-) -> tuple[list[torch.Tensor], Preconditioner, torch.Tensor] | None:
-    """A single block given as factors, whose null directions are all input-side (u w^T: the par
-    coordinates entirely null): its deflated exact rows, Kronecker preconditioner and preconditioned
-    Gram formed from the factors (T d^2 p^2 flops instead of T d (d p)^2). None otherwise."""
+) -> tuple[list[torch.Tensor], Preconditioner, torch.Tensor, torch.Tensor | None]:
+    """A single block given as factors: its exact rows, Kronecker preconditioner and preconditioned
+    Gram formed from the factors (T d^2 p^2 flops instead of T d (d p)^2), and the null directions
+    left to regularise. When every null direction is input-side (u w^T: the par coordinates entirely
+    null) they are deflated by rotating the input side (None left); otherwise the whole block is
+    kept and all of them are returned (an orthonormal basis)."""
     v_perp, v_par, k = _input_rotation(null, d, dim)
+    left_null = None
     if k != d * v_par.shape[1]:
-        return None
+        v_perp, left_null = torch.eye(dim, dtype=x.dtype, device=x.device), torch.linalg.qr(null).Q
     p = v_perp.shape[1]
     w = input_whitening(x @ v_perp)
     if f.kind == "query_local":
@@ -536,8 +567,10 @@ def _factored_scope(
     )
     t = Preconditioner()
     t.add_kron(lb, w)
+    if left_null is not None:
+        return rows, t, g, left_null
     exact = [(r.reshape(-1, dim) @ v_perp).reshape(r.shape[0], d * p) for r in rows]
-    return exact, t, g
+    return exact, t, g, None
 
 
 def _inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
@@ -616,10 +649,14 @@ def head_spectra(
             continue
         raw = [jac[:, col[b]] for b in sb] + extra
         one = scope in factors and sb == [scope] and not extra
-        done = _factored_scope(factors[scope], raw, basis, d, dim, x_real) if one else None
-        if done is not None:
-            exact, t, g = done
-            out[scope] = _solve(exact, t, None, verified, rtol, method, g=g)
+        if one:
+            exact, t, g, left_null = _factored_scope(factors[scope], raw, basis, d, dim, x_real)
+            out[scope] = _solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
+            continue
+        if not extra and len(sb) == 1 and basis.shape[1] * REGULARISE_RATIO <= size:
+            t = Preconditioner()
+            t.add_kron(output_whitening(raw[0], d, dim), input_whitening(x_real))
+            out[scope] = _solve(raw, t, None, verified, rtol, method, null=torch.linalg.qr(basis).Q)
             continue
         if y is not None:
             tops, bottoms = zip(*([rows_of(b) for b in sb] + [rotate(e) for e in extra]))
