@@ -300,12 +300,16 @@ def _deflate_columns(
             t.add_kron(output_whitening(out[0][:, col : col + wp], d, p), input_whitening(x @ rot[:, :p]))
             col += wp
     if n_c:
-        c_main = out[0][:, n_perp:]
-        if n_c <= DENSE_PRECONDITIONER_MAX:
-            t.add_dense(dense_whitening(c_main))
-        else:
-            t.add_dense(torch.diag(c_main.norm(dim=0).clamp_min(1e-300)))
+        add_dense_preconditioner(t, out[0][:, n_perp:])
     return out, t
+
+
+def add_dense_preconditioner(t: Preconditioner, columns: torch.Tensor) -> None:
+    """Whitening of columns without Kronecker structure (Jacobi when there are many)."""
+    if columns.shape[1] <= DENSE_PRECONDITIONER_MAX:
+        t.add_dense(dense_whitening(columns))
+    else:
+        t.add_dense(torch.diag(columns.norm(dim=0).clamp_min(1e-300)))
 
 
 @dataclass
@@ -425,13 +429,14 @@ def _triangular(
     return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr"
 
 
-def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, bool]:
+def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
+    """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
     dtype, device = factor.r.dtype, factor.r.device
     top = top_eigenpair(lambda u: factor.rt_apply(factor.r_apply(u)), factor.n, factor.project, dtype, device)
     inv = top_eigenpair(factor.inverse_gram, factor.n, factor.project, dtype, device)
     sigma_max = math.sqrt(max(top.value, 0.0))
     sigma_min = 1.0 / math.sqrt(inv.value) if inv.value > 0 and math.isfinite(inv.value) else 0.0
-    return sigma_max, sigma_min, inv.vector, top.converged and inv.converged
+    return sigma_max, sigma_min, inv.vector, top.vector, top.converged and inv.converged
 
 
 def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> float:
@@ -496,18 +501,20 @@ def _solve(
     reg = None if null is None else torch.linalg.qr(t.apply_t(null)).Q
     r, route = _triangular(rows, t, use_qr=method == "qr", g=g, reg=reg)
     factor = _Factor(rv, c, r, t, rows, route, null)
-    smax, smin, vec, converged = _extremes(factor)
+    smax, smin, vec, top, converged = _extremes(factor)
     if route == "cholesky" and (smin <= rtol * smax or _check(factor, smax, smin, vec) > 0):
         # the Gram lost sigma_min: take it from the exact J, the factor as preconditioner, and
         # recompute the factor by Householder QR only when that does not settle
         refined = None if smin <= rtol * smax else _refined_sigma_min(factor, vec, smin)
         if refined is not None:
             notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
-            smin = refined
+            # sigma_max too, as the exact J's Rayleigh quotient of the factor's vector: a lower
+            # bound whose error is quadratic in the vector's (the factor's own is linear)
+            smin, smax = refined, factor.exact_norm(top[:, None])
         else:
             notes.append("the Gram's Cholesky factor lost sigma_min: recomputed by Householder QR")
             factor.r, factor.route = _triangular(rows, t, use_qr=True, reg=reg)
-            smax, smin, vec, converged = _extremes(factor)
+            smax, smin, vec, _, converged = _extremes(factor)
     if not converged:
         notes.append("Lanczos did not converge to 1e-10")
     if smin <= rtol * smax:  # a null direction the verified groups miss: exact values, counted
@@ -653,10 +660,14 @@ def head_spectra(
             exact, t, g, left_null = _factored_scope(factors[scope], raw, basis, d, dim, x_real)
             out[scope] = _solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
             continue
-        if not extra and len(sb) == 1 and basis.shape[1] * REGULARISE_RATIO <= size:
+        if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
             t = Preconditioner()
-            t.add_kron(output_whitening(raw[0], d, dim), input_whitening(x_real))
-            out[scope] = _solve(raw, t, None, verified, rtol, method, null=torch.linalg.qr(basis).Q)
+            for b in raw[: len(sb)]:
+                t.add_kron(output_whitening(b, d, dim), input_whitening(x_real))
+            if extra:
+                add_dense_preconditioner(t, extra[0])
+            rows = [torch.cat(raw, 1)] if len(raw) > 1 else raw
+            out[scope] = _solve(rows, t, None, verified, rtol, method, null=torch.linalg.qr(basis).Q)
             continue
         if y is not None:
             tops, bottoms = zip(*([rows_of(b) for b in sb] + [rotate(e) for e in extra]))
