@@ -40,6 +40,12 @@ whose effect is undone exactly:
    same R' without squaring the condition number, ~140 GFLOP at the reference shape).
    ``method="qr"`` takes that route directly.
 
+When every block but V comes as per-token factors (softmax), the whole head never forms its
+rotated rows: the same Gram comes from the factors (``factored``; the value block as a Schur
+complement, the deflation by congruence, ``_factored_head``), the exact rows stay an operator
+(``DeflatedRows``), and because a Schur complement cancels, sigma_min is always taken from the
+exact J by the Rayleigh-Ritz step of 5.
+
 If a null value is left that the verified groups do not explain (sigma_min <= rtol * sigma_max),
 the scope falls back to an exact svdvals of J on N^perp and counts the extra nulls.
 """
@@ -51,6 +57,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lra_cond.conditioning import factored
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.linalg import RANK_RTOL, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored
@@ -387,7 +394,7 @@ class _Factor:
 
     def dense(self) -> torch.Tensor:
         """The exact matrix whose singular values these are (for the svdvals fallback)."""
-        a = torch.cat(self.rows)
+        a = torch.cat([_materialised(r) for r in self.rows])
         if self.null is not None:  # the complement of the regularised null directions
             q = torch.linalg.qr(self.null, mode="complete").Q
             a = a @ q[:, self.null.shape[1] :]
@@ -411,7 +418,7 @@ def _triangular(
     pre = None
     if not use_qr:
         if g is None:
-            pre = [t.right(r) for r in rows]
+            pre = [t.right(_materialised(r)) for r in rows]
             g = gram(pre[0])
             for p in pre[1:]:
                 g = g + gram(p)
@@ -421,7 +428,7 @@ def _triangular(
         if int(info) == 0:
             return chol, "cholesky"
     if pre is None:
-        pre = [t.right(r) for r in rows]
+        pre = [t.right(_materialised(r)) for r in rows]
     if reg is not None:
         beta = sum(float(p.square().sum()) for p in pre) / reg.shape[0]
         pre = [*pre, beta**0.5 * reg.T]
@@ -493,21 +500,25 @@ def _solve(
     method: str,
     g: torch.Tensor | None = None,
     null: torch.Tensor | None = None,
+    refine: bool = False,
 ) -> Extremes:
     """``null``: an orthonormal basis of null directions left in the coordinates (regularised in
-    the factor, projected out of every Lanczos and Rayleigh-Ritz vector)."""
+    the factor, projected out of every Lanczos and Rayleigh-Ritz vector). ``refine``: take the
+    extremes from the exact J whether or not the check fails (a Gram formed by cancellation)."""
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
-    reg = None if null is None else torch.linalg.qr(t.apply_t(null)).Q
+    reg = None if null is None else torch.linalg.qr(t.apply_t(null[null.shape[0] - t.size :])).Q
     r, route = _triangular(rows, t, use_qr=method == "qr", g=g, reg=reg)
     factor = _Factor(rv, c, r, t, rows, route, null)
     smax, smin, vec, top, converged = _extremes(factor)
-    if route == "cholesky" and (smin <= rtol * smax or _check(factor, smax, smin, vec) > 0):
-        # the Gram lost sigma_min: take it from the exact J, the factor as preconditioner, and
-        # recompute the factor by Householder QR only when that does not settle
+    lost = route == "cholesky" and (smin <= rtol * smax or _check(factor, smax, smin, vec) > 0)
+    if lost or (refine and route == "cholesky"):
+        # the Gram lost sigma_min (or may have): take it from the exact J, the factor as
+        # preconditioner, and recompute the factor by Householder QR only when that does not settle
         refined = None if smin <= rtol * smax else _refined_sigma_min(factor, vec, smin)
         if refined is not None:
-            notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
+            if lost:
+                notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
             # sigma_max too, as the exact J's Rayleigh quotient of the factor's vector: a lower
             # bound whose error is quadratic in the vector's (the factor's own is linear)
             smin, smax = refined, factor.exact_norm(top[:, None])
@@ -540,49 +551,210 @@ def _input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor,
 
 def _factored_scope(
     f: Factored, rows: list[torch.Tensor], null: torch.Tensor, d: int, dim: int, x: torch.Tensor
-) -> tuple[list[torch.Tensor], Preconditioner, torch.Tensor, torch.Tensor | None]:
+) -> tuple[list[torch.Tensor | DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
     """A single block given as factors: its exact rows, Kronecker preconditioner and preconditioned
-    Gram formed from the factors (T d^2 p^2 flops instead of T d (d p)^2), and the null directions
-    left to regularise. When every null direction is input-side (u w^T: the par coordinates entirely
-    null) they are deflated by rotating the input side (None left); otherwise the whole block is
-    kept and all of them are returned (an orthonormal basis)."""
+    Gram formed from the factors (``factored``), and the null directions left to regularise. When
+    every null direction is input-side (u w^T: the par coordinates entirely null) they are deflated
+    by rotating the input side (None left); otherwise the whole block is kept and all of them are
+    returned (an orthonormal basis)."""
     v_perp, v_par, k = _input_rotation(null, d, dim)
     left_null = None
     if k != d * v_par.shape[1]:
         v_perp, left_null = torch.eye(dim, dtype=x.dtype, device=x.device), torch.linalg.qr(null).Q
-    p = v_perp.shape[1]
-    w = input_whitening(x @ v_perp)
-    if f.kind == "query_local":
-        g_left = f.left.transpose(1, 2) @ f.left  # (T, d, d): G_i^T G_i
-        y = f.right @ v_perp
-        lb = _inverse_cholesky_t(torch.einsum("ibe,i->be", g_left, y.square().sum(1)))
-        left = lb.T @ g_left @ lb
-        y = y @ w
-        right = (y[:, :, None] * y[:, None, :]).reshape(len(y), p * p)
-    else:
-        r = f.right @ v_perp  # (T, d, p)
-        lb = _inverse_cholesky_t(torch.einsum("ib,ie,i->be", f.left, f.left, r.square().sum((1, 2))))
-        u = f.left @ lb
-        left = u[:, :, None] * u[:, None, :]
-        r = r @ w
-        right = (r.transpose(1, 2) @ r).reshape(len(r), p * p)
-    g = (
-        (left.reshape(len(left), d * d).T @ right)
-        .reshape(d, d, p, p)
-        .permute(0, 2, 1, 3)
-        .reshape(d * p, d * p)
-    )
+    rotated = Factored(f.kind, f.left, f.right @ v_perp)
+    lb, w = factored.output_side(rotated), input_whitening(x @ v_perp)
+    pre = factored.preconditioned(rotated, lb, w)
     t = Preconditioner()
     t.add_kron(lb, w)
+    g = factored.cross_gram(pre, pre)
     if left_null is not None:
         return rows, t, g, left_null
-    exact = [(r.reshape(-1, dim) @ v_perp).reshape(r.shape[0], d * p) for r in rows]
-    return exact, t, g, None
+    on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
+    return [DeflatedRows(rows, None, d, on_perp)], t, g, None
 
 
-def _inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
-    g = g + 1e-12 * g.diagonal().mean() * torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
-    return torch.linalg.inv(torch.linalg.cholesky(g)).T
+class DeflatedRows:
+    """(U^T (x) I_d) J B for J (T d, n) given by its column blocks, U (T, r) (None: I) and B a
+    ``Deflation``, as an operator: exact rows without forming them (``dense`` does, for a
+    Householder QR or svdvals). The whole head's rows after the value elimination, or a
+    factored block's rows on its deflated coordinates."""
+
+    def __init__(self, blocks: list[torch.Tensor], u: torch.Tensor | None, d: int, basis: Deflation) -> None:
+        self.blocks, self.u, self.d, self.basis = blocks, u, d, basis
+        self.shape = ((blocks[0].shape[0] if u is None else u.shape[1] * d), basis.n)
+
+    def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        if u is None:
+            return m
+        return (u.T @ m.reshape(u.shape[0], -1)).reshape(u.shape[1] * self.d, -1)
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        v = self.basis.apply(v)
+        out, start = None, 0
+        for b in self.blocks:
+            part = b @ v[start : start + b.shape[1]]
+            out = part if out is None else out + part
+            start += b.shape[1]
+        return self._rotate(out, self.u)
+
+    @property
+    def T(self) -> _Transposed:  # noqa: N802 (reads like a tensor's)
+        return _Transposed(self)
+
+    def dense(self) -> torch.Tensor:
+        full = torch.cat([self._rotate(b, self.u) for b in self.blocks], 1)
+        return self.basis.apply_t(full.T).T
+
+
+class _Transposed:
+    def __init__(self, rows: DeflatedRows) -> None:
+        self.rows = rows
+
+    def __matmul__(self, y: torch.Tensor) -> torch.Tensor:
+        u = self.rows.u
+        back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
+        return self.rows.basis.apply_t(torch.cat([b.T @ back for b in self.rows.blocks]))
+
+
+@dataclass
+class Deflation:
+    """An orthonormal basis B of N^perp in a Kronecker layout: per block, the input side rotated
+    (``perp`` (D', p_b): coordinates free of null directions, kept as they are; ``par`` (D', s_b):
+    the null directions' input span), and ``comp`` (sum_b d s_b, n_c): an orthonormal complement
+    of the null directions inside the par coordinates. Columns: every block's perp coordinates
+    (d x p_b each), then the complement."""
+
+    perp: list[torch.Tensor]
+    par: list[torch.Tensor]
+    comp: torch.Tensor
+    d: int
+
+    @property
+    def n(self) -> int:
+        return sum(self.d * p.shape[1] for p in self.perp) + self.comp.shape[1]
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
+        d, k = self.d, v.shape[1]
+        n_perp = sum(d * p.shape[1] for p in self.perp)
+        par = self.comp @ v[n_perp:]
+        out, col, pcol = [], 0, 0
+        for perp, par_in in zip(self.perp, self.par):
+            wp, ws = d * perp.shape[1], d * par_in.shape[1]
+            block = torch.einsum("cj,ajk->ack", perp, v[col : col + wp].reshape(d, -1, k))
+            block = block + torch.einsum("cj,ajk->ack", par_in, par[pcol : pcol + ws].reshape(d, -1, k))
+            out.append(block.reshape(-1, k))
+            col, pcol = col + wp, pcol + ws
+        return torch.cat(out)
+
+    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # B^T v: full -> deflated coordinates
+        d, k = self.d, v.shape[1]
+        perps, pars, start = [], [], 0
+        for perp, par_in in zip(self.perp, self.par):
+            block = v[start : start + d * perp.shape[0]].reshape(d, perp.shape[0], k)
+            perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
+            pars.append(torch.einsum("cj,ack->ajk", par_in, block).reshape(-1, k))
+            start += d * perp.shape[0]
+        return torch.cat([*perps, self.comp.T @ torch.cat(pars)])
+
+
+def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
+    """The Deflation of ``null`` (n_blocks d D' x k, the blocks' Kronecker layout)."""
+    size, k = d * dim, null.shape[1]
+    perps, pars, null_par = [], [], []
+    for i in range(n_blocks):
+        nb = null[i * size : (i + 1) * size]
+        v_perp, v_par, _ = _input_rotation(nb, d, dim)
+        perps.append(v_perp)
+        pars.append(v_par)
+        null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, -1).T)
+    reflectors, tau = torch.geqrf(torch.cat(null_par))
+    n_par = reflectors.shape[0]  # the explicit complement from the reflectors
+    padded = torch.cat([reflectors, reflectors.new_zeros(n_par, n_par - k)], 1)
+    comp = torch.linalg.householder_product(padded, torch.cat([tau, tau.new_zeros(n_par - k)]))[:, k:]
+    return Deflation(perps, pars, comp, d)
+
+
+def _materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
+    return rows.dense() if isinstance(rows, DeflatedRows) else rows
+
+
+def _factored_head(
+    fs: list[Factored],
+    blocks: list[torch.Tensor],
+    u: torch.Tensor,
+    r_y: int,
+    s_y: torch.Tensor,
+    null: torch.Tensor,
+    x: torch.Tensor,
+    verified: int,
+    rtol: float,
+    method: str,
+) -> Extremes:
+    """The whole head when every block but V is given as factors (softmax: Q and K), every piece
+    from the factors (the dense route rotates and deflates ~270 MB of rows per head):
+
+    * each block's input side rotated to [V_perp | V_par] (``deflation``), then preconditioned:
+      L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
+    * the par coordinates replaced by the complement of the null directions by congruence
+      (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram;
+    * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
+      M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
+
+    ``blocks`` are J_A's dense column blocks: the exact rows of the check, never formed."""
+    d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
+    size = d * dim
+    basis = deflation(null, d, dim, n_b)
+    t_d, rotated, pre, l_inv = Preconditioner(), [], [], []
+    for f, perp, par in zip(fs, basis.perp, basis.par):
+        rot = Factored(f.kind, f.left, f.right @ torch.cat([perp, par], 1))
+        lb, w_perp = factored.output_side(rot), input_whitening(x @ perp)
+        t_d.add_kron(lb, w_perp)
+        inputs = torch.block_diag(w_perp, torch.eye(par.shape[1], dtype=x.dtype, device=x.device))
+        rotated.append(rot)
+        pre.append(factored.preconditioned(rot, lb, inputs))
+        l_inv.append(torch.linalg.inv(lb))
+    g = torch.empty(n_b * size, n_b * size, dtype=x.dtype, device=x.device)
+    for i, fi in enumerate(pre):
+        for j in range(i, n_b):
+            block = factored.cross_gram(fi, pre[j])
+            g[i * size : (i + 1) * size, j * size : (j + 1) * size] = block
+            if j != i:
+                g[j * size : (j + 1) * size, i * size : (i + 1) * size] = block.T
+    top = torch.cat([factored.rows_rotated(f, u[:, :r_y]) for f in pre], 1)  # C' = C T
+    # coordinates (block, b, c): the perp ones first, then the par ones, as in ``Deflation``
+    idx = torch.arange(n_b * size, device=x.device).reshape(n_b, d, dim)
+    widths = [p.shape[1] for p in basis.perp]
+    perp_idx = torch.cat([idx[i, :, :w].reshape(-1) for i, w in enumerate(widths)])
+    par_idx = torch.cat([idx[i, :, w:].reshape(-1) for i, w in enumerate(widths)])
+    n_c, pcol, m_par = basis.comp.shape[1], 0, []
+    for li, par in zip(l_inv, basis.par):  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
+        ws = d * par.shape[1]
+        m_par.append((li @ basis.comp[pcol : pcol + ws].reshape(d, -1)).reshape(ws, n_c))
+        pcol += ws
+    m_par = torch.cat(m_par)
+    n_perp = perp_idx.numel()
+    # the Schur complement on the deflated coordinates: C' M has ~3/4 of C''s columns
+    s_top = gram(torch.cat([top[:, perp_idx], top[:, par_idx] @ m_par], 1))
+    g_par = g[:, par_idx]
+    gm_par, gm_perp = g_par[par_idx] @ m_par, g_par[perp_idx] @ m_par - s_top[:n_perp, n_perp:]
+    h0 = m_par.T @ gm_par - s_top[n_perp:, n_perp:]  # the complement's own Gram, for its whitening
+    eye = torch.eye(n_c, dtype=x.dtype, device=x.device)
+    r_c = torch.linalg.cholesky_ex(h0 + 1e-10 * float(h0.diagonal().mean()) * eye, upper=True)[0]
+    t_d.add_dense(r_c)
+    h = g.new_empty(n_perp + n_c, n_perp + n_c)
+    h[:n_perp, :n_perp] = g[perp_idx][:, perp_idx] - s_top[:n_perp, :n_perp]
+    h[:n_perp, n_perp:] = torch.linalg.solve_triangular(r_c, gm_perp, upper=True, left=False)
+    h[n_perp:, :n_perp] = h[:n_perp, n_perp:].T
+    h[n_perp:, n_perp:] = torch.linalg.solve_triangular(
+        r_c.T, torch.linalg.solve_triangular(r_c, h0, upper=True, left=False), upper=False
+    )
+    c_rot = torch.cat([factored.rows_rotated(f, u[:, :r_y]) for f in rotated], 1)  # C, rotated inputs
+    coupling = torch.cat([c_rot[:, perp_idx], c_rot[:, par_idx] @ basis.comp], 1)  # C B
+    rows = [DeflatedRows(blocks, u[:, r_y:], d, basis)]
+    value = (s_y[:r_y].repeat_interleave(d), coupling)
+    # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
+    # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
+    return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True)
 
 
 def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
@@ -647,6 +819,12 @@ def head_spectra(
         if eliminate:
             a_blocks = [b for b in sb if b != "v"]
             keep = torch.cat([torch.arange(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"])
+            if all(b in factors for b in a_blocks):
+                out[scope] = _factored_head(
+                    [factors[b] for b in a_blocks], [jac[:, col[b]] for b in a_blocks], u, r_y, s_y,
+                    basis[:, ~v_part][keep], x_real, verified, rtol, method,
+                )  # fmt: skip
+                continue
             (main, coupling), t = _deflate_columns(
                 [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]],
                 d, dim, basis[:, ~v_part][keep], x_real,

@@ -1,0 +1,72 @@
+"""Gram matrices of Jacobian blocks given as per-token factors, without forming the blocks.
+
+A block's rows (i, a) for token i and columns (b, c) (a d x D' weight, row-major) come from the
+family as ``Factored`` (``models/attention/jacobian.py``): token i's d x (d p) row block is
+``query_local``: J_i[a, (b, c)] = G_i[a, b] x_i[c], or ``outer``: J_i[a, (b, c)] = q_i[b] R_i[a, c].
+Every product here is a sum over tokens of d x p pieces, so it costs T d^2 p^2 flops where the
+dense block's costs T d (d p)^2, and keeps nothing of size T x d x d p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lra_cond.models.attention.jacobian import Factored
+
+
+def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
+    """L with L^T g L = I (up to a 1e-12 relative shift): a Kronecker factor's output side."""
+    g = g + 1e-12 * g.diagonal().mean() * torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+    return torch.linalg.inv(torch.linalg.cholesky(g)).T
+
+
+def output_side(f: Factored) -> torch.Tensor:
+    """L_b whitening the block's output side: the inverse Cholesky factor (transposed) of
+    sum_i,a,c J[(i, a), (b, c)] J[(i, a), (b', c)]."""
+    if f.kind == "query_local":
+        g_left = f.left.transpose(1, 2) @ f.left  # G_i^T G_i
+        return inverse_cholesky_t(torch.einsum("ibe,i->be", g_left, f.right.square().sum(1)))
+    return inverse_cholesky_t(torch.einsum("ib,ie,i->be", f.left, f.left, f.right.square().sum((1, 2))))
+
+
+def preconditioned(f: Factored, lb: torch.Tensor, w: torch.Tensor) -> Factored:
+    """The factors of J (L_b (x) W): the output side multiplies the weight rows, W the inputs."""
+    return Factored(f.kind, f.left @ lb, f.right @ w)  # G_i L / q_i^T L, and x_i^T W / R_i W
+
+
+def _kron_layout(m: torch.Tensor, d: int, p: int) -> torch.Tensor:
+    """[(b, b'), (c, c')] -> [(b, c), (b', c')]."""
+    return m.reshape(d, d, p, p).permute(0, 2, 1, 3).reshape(d * p, d * p)
+
+
+def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
+    """J1^T J2 over all tokens, (d p) x (d p)."""
+    t, d = f1.left.shape[0], f1.left.shape[-1]
+    p = f1.right.shape[-1]
+    if f1.kind == "outer" and f2.kind == "query_local":
+        return cross_gram(f2, f1).T
+    if f1.kind == f2.kind == "query_local":  # sum_i (G_i^T G'_i)[b, b'] x_i[c] x'_i[c']
+        left = (f1.left.transpose(1, 2) @ f2.left).reshape(t, d * d)
+        right = (f1.right[:, :, None] * f2.right[:, None, :]).reshape(t, p * p)
+        return _kron_layout(left.T @ right, d, p)
+    if f1.kind == f2.kind == "outer":  # sum_i q_i[b] q'_i[b'] (R_i^T R'_i)[c, c']
+        left = (f1.left[:, :, None] * f2.left[:, None, :]).reshape(t, d * d)
+        right = (f1.right.transpose(1, 2) @ f2.right).reshape(t, p * p)
+        return _kron_layout(left.T @ right, d, p)
+    # query_local x outer: sum_i M_i[b, c'] x_i[c] q'_i[b'], M_i = G_i^T R'_i
+    m = (f1.left.transpose(1, 2) @ f2.right).reshape(t, d * p)  # [i, (b, c')]
+    n = (f1.right[:, :, None] * f2.left[:, None, :]).reshape(t, p * d)  # [i, (c, b')]
+    return (m.T @ n).reshape(d, p, p, d).permute(0, 2, 3, 1).reshape(d * p, d * p)
+
+
+def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
+    """(U^T (x) I_d) J: rows (m, a) = sum_i U[i, m] J[(i, a), :] for U (T, r), as (r d) x (d p)."""
+    t, d = f.left.shape[0], f.left.shape[-1]
+    p, r = f.right.shape[-1], u.shape[1]
+    if f.kind == "query_local":  # sum_i U[i, m] x_i[c] G_i[a, b]
+        z = (u[:, :, None] * f.right[:, None, :]).reshape(t, r * p)
+        out = (z.T @ f.left.reshape(t, d * d)).reshape(r, p, d, d)  # [m, c, a, b]
+        return out.permute(0, 2, 3, 1).reshape(r * d, d * p)
+    z = (u[:, :, None] * f.left[:, None, :]).reshape(t, r * d)  # sum_i U[i, m] q_i[b] R_i[a, c]
+    out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
+    return out.permute(0, 2, 1, 3).reshape(r * d, d * p)
