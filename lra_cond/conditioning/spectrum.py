@@ -707,8 +707,10 @@ def _factored_head(
     t_d, rotated, pre, l_inv = Preconditioner(), [], [], []
     for f, perp, par in zip(fs, basis.perp, basis.par):
         rot = Factored(f.kind, f.left, f.right @ torch.cat([perp, par], 1))
-        lb, w_perp = factored.output_side(rot), input_whitening(x @ perp)
-        t_d.add_kron(lb, w_perp)
+        lb = factored.output_side(rot)
+        w_perp = input_whitening(x @ perp) if perp.shape[1] else x.new_zeros(0, 0)
+        if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
+            t_d.add_kron(lb, w_perp)
         inputs = torch.block_diag(w_perp, torch.eye(par.shape[1], dtype=x.dtype, device=x.device))
         rotated.append(rot)
         pre.append(factored.preconditioned(rot, lb, inputs))
