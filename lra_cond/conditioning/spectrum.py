@@ -329,7 +329,7 @@ class _Factor:
     c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
     r: torch.Tensor  # (n_A, n_A) upper triangular R'
     t: Preconditioner
-    rows: list[torch.Tensor]  # exact row blocks whose Gram is the rest's Gram
+    rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
     route: str
     null: torch.Tensor | None = None  # orthonormal null basis still in the coordinates (regularised)
 
@@ -660,6 +660,9 @@ class Deflation:
 def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
     """The Deflation of ``null`` (n_blocks d D' x k, the blocks' Kronecker layout)."""
     size, k = d * dim, null.shape[1]
+    if not k:
+        eye = torch.eye(dim, dtype=null.dtype, device=null.device)
+        return Deflation([eye] * n_blocks, [eye[:, :0]] * n_blocks, null.new_zeros(0, 0), d)
     perps, pars, null_par = [], [], []
     for i in range(n_blocks):
         nb = null[i * size : (i + 1) * size]
