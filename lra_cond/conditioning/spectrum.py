@@ -204,7 +204,7 @@ class Preconditioner:
             else:
                 out.append(torch.linalg.solve_triangular(mats[0], block, upper=True, left=False))
             start += n
-        return torch.cat(out, 1)
+        return out[0] if len(out) == 1 else torch.cat(out, 1)
 
 
 def input_whitening(x: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
