@@ -422,3 +422,30 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
             assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
     assert fast.per_block["k"].n_null == fast.per_block["k"].n_null_expected + 2  # one per head
     assert any("k, head 0" in n and "svdvals" in n for n in fast.notes)
+
+
+def test_factored_products_equal_the_dense_block() -> None:
+    """J v, J^T y, the cross Grams and the row rotation from per-token factors equal the same
+    products of the formed (T d) x (d D') blocks, for both factor kinds."""
+    from lra_cond.conditioning import factored
+    from lra_cond.models.attention.jacobian import Factored
+
+    gen = torch.Generator().manual_seed(0)
+    t, d, p = 7, 3, 4
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    blocks = [
+        Factored("query_local", randn(t, d, d), randn(t, p)),
+        Factored("outer", randn(t, d), randn(t, d, p)),
+    ]
+    dense = [b.dense().reshape(t * d, d * p) for b in blocks]
+    v, y, u = randn(d * p, 2), randn(t * d, 2), randn(t, 3)
+    for f, j in zip(blocks, dense):
+        torch.testing.assert_close(factored.apply(f, v, d), j @ v, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(factored.apply_t(f, y, d), j.T @ y, rtol=1e-12, atol=1e-12)
+        want = (u.T @ j.reshape(t, -1)).reshape(3 * d, d * p)
+        torch.testing.assert_close(factored.rows_rotated(f, u), want, rtol=1e-12, atol=1e-12)
+        for g, k in zip(blocks, dense):
+            torch.testing.assert_close(factored.cross_gram(f, g), j.T @ k, rtol=1e-12, atol=1e-12)

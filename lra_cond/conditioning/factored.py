@@ -13,6 +13,8 @@ import torch
 
 from lra_cond.models.attention.jacobian import Factored
 
+Block = Factored | torch.Tensor  # a dense block: (T d, d p), rows (i, a), columns (b, c)
+
 
 def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
     """L with L^T g L = I (up to a 1e-12 relative shift): a Kronecker factor's output side."""
@@ -70,3 +72,27 @@ def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
     z = (u[:, :, None] * f.left[:, None, :]).reshape(t, r * d)  # sum_i U[i, m] q_i[b] R_i[a, c]
     out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
     return out.permute(0, 2, 1, 3).reshape(r * d, d * p)
+
+
+def apply(f: Block, v: torch.Tensor, d: int) -> torch.Tensor:
+    """J v for v (d p, k), as (T d, k): per token d x d and d x p products, never the block."""
+    if not isinstance(f, Factored):
+        return f @ v
+    t, p, k = f.left.shape[0], f.right.shape[-1], v.shape[1]
+    v3 = v.reshape(d, p, k)
+    if f.kind == "query_local":  # G_i (V x_i): W[i, b] = sum_c x_i[c] V[b, c]
+        w = torch.einsum("ic,bck->ibk", f.right, v3)
+        return (f.left @ w).reshape(t * d, k)
+    w = torch.einsum("ib,bck->ick", f.left, v3)  # R_i (V^T q_i)
+    return (f.right @ w).reshape(t * d, k)
+
+
+def apply_t(f: Block, y: torch.Tensor, d: int) -> torch.Tensor:
+    """J^T y for y (T d, k), as (d p, k)."""
+    if not isinstance(f, Factored):
+        return f.T @ y
+    t, k = f.left.shape[0], y.shape[1]
+    y3 = y.reshape(t, d, k)
+    if f.kind == "query_local":  # sum_i x_i[c] (G_i^T y_i)[b]
+        return torch.einsum("ic,ibk->bck", f.right, f.left.transpose(1, 2) @ y3).reshape(-1, k)
+    return torch.einsum("ib,ick->bck", f.left, f.right.transpose(1, 2) @ y3).reshape(-1, k)
