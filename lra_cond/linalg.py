@@ -79,10 +79,12 @@ def span_union(mats: list[torch.Tensor], rtol: float = 1e-6) -> tuple[torch.Tens
     added = []
     for i, m in enumerate(mats):
         norms = m.norm(dim=0)
+        last = i == len(mats) - 1
         if basis is not None and basis.shape[1]:
             m = m - basis @ (basis.T @ m)
-            m = m - basis @ (basis.T @ m)  # twice is enough
-        if i == len(mats) - 1 and m.shape[1]:
+            if not last:  # twice is enough (to orthonormalise; the last set is only tested for
+                m = m - basis @ (basis.T @ m)  # independence, which a 1e-16 leftover cannot change)
+        if last and m.shape[1]:
             scaled = m / norms.clamp_min(torch.finfo(m.dtype).tiny)
             new = scaled if _independent(scaled, rtol) is not None else orthonormal_columns(m, rtol, norms)
         else:

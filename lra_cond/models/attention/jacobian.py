@@ -118,10 +118,21 @@ def dense(part: Part) -> torch.Tensor:
 
 
 def columns(parts: dict[str, Part], blocks: tuple[str, ...]) -> torch.Tensor:
-    """{block: (L, d, d, D') or Factored} -> (L*d, len(blocks)*d*D'), blocks in ``blocks`` order."""
-    mats = [dense(parts[b]) for b in blocks]
-    rows = mats[0].shape[0] * mats[0].shape[1]
-    return torch.cat([m.reshape(rows, -1) for m in mats], 1)
+    """{block: (L, d, d, D') or Factored} -> (L*d, len(blocks)*d*D'), blocks in ``blocks`` order.
+    Each block is written in place into its columns (no per-block temporaries to concatenate)."""
+    first = parts[blocks[0]]
+    like, last = (first.left, first.right) if isinstance(first, Factored) else (first, first)
+    t, d, dim = like.shape[0], like.shape[1], last.shape[-1]
+    out = like.new_empty(t, d, len(blocks), d, dim)
+    for i, b in enumerate(blocks):
+        part = parts[b]
+        if isinstance(part, Factored) and part.kind == "query_local":
+            torch.mul(part.left[:, :, :, None], part.right[:, None, None, :], out=out[:, :, i])
+        elif isinstance(part, Factored):
+            torch.mul(part.left[:, None, :, None], part.right[:, :, None, :], out=out[:, :, i])
+        else:
+            out[:, :, i] = part
+    return out.reshape(t * d, -1)
 
 
 def stack_sequences(per_sequence: list[Part]) -> Part:
