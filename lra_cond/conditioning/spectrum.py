@@ -273,8 +273,7 @@ def _deflate_columns(
     if n_c and k:
         reflectors, tau = torch.geqrf(torch.cat(null_par, 0))
         if 7 * k >= n_par:  # many null directions: the explicit complement, applied as a GEMM
-            padded = torch.cat([reflectors, reflectors.new_zeros(n_par, n_par - k)], 1)
-            comp = torch.linalg.householder_product(padded, torch.cat([tau, tau.new_zeros(n_par - k)]))[:, k:]
+            comp = _complement(reflectors, tau)
     n_perp = sum(perp_widths)
     out = []
     for blocks in rows:
@@ -680,11 +679,16 @@ def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
         perps.append(v_perp)
         pars.append(v_par)
         null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, -1).T)
-    reflectors, tau = torch.geqrf(torch.cat(null_par))
-    n_par = reflectors.shape[0]  # the explicit complement from the reflectors
-    padded = torch.cat([reflectors, reflectors.new_zeros(n_par, n_par - k)], 1)
-    comp = torch.linalg.householder_product(padded, torch.cat([tau, tau.new_zeros(n_par - k)]))[:, k:]
-    return Deflation(perps, pars, comp, d)
+    return Deflation(perps, pars, _complement(*torch.geqrf(torch.cat(null_par))), d)
+
+
+def _complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """The last n - k columns of the Householder Q of a (n, k) matrix's ``geqrf``: an orthonormal
+    basis of its columns' orthogonal complement (Q applied to [0; I]: ~2/3 of forming all of Q)."""
+    n, k = reflectors.shape
+    eye = torch.zeros(n, n - k, dtype=reflectors.dtype, device=reflectors.device)
+    eye[k:] = torch.eye(n - k, dtype=reflectors.dtype, device=reflectors.device)
+    return torch.ormqr(reflectors, tau, eye, left=True, transpose=False)
 
 
 def _materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
