@@ -81,10 +81,10 @@ class Factored:
     left: torch.Tensor
     right: torch.Tensor
 
-    def dense(self) -> torch.Tensor:
+    def dense(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.kind == "query_local":
-            return query_local(self.left, self.right)
-        return outer_right(self.left, self.right)
+            return query_local(self.left, self.right, out)
+        return outer_right(self.left, self.right, out)
 
     @staticmethod
     def cat(parts: list[Factored]) -> Factored:
@@ -93,15 +93,15 @@ class Factored:
         )
 
 
-def query_local(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def query_local(g: torch.Tensor, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[i, a, b, c] = G_i[a, b] x_i[c]: the block of a projection row i's output sees only through
-    its own projection (dA_i = G_i dW x_i)."""
-    return g[:, :, :, None] * x[:, None, None, :]
+    its own projection (dA_i = G_i dW x_i). ``out``: written there (any strides)."""
+    return torch.mul(g[:, :, :, None], x[:, None, None, :], out=out)
 
 
-def outer_right(u: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+def outer_right(u: torch.Tensor, r: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[i, a, b, c] = u_i[b] R_i[a, c] (e.g. softmax's key block: dA_i/dW_K[b, c] = q_i[b] R_i[:, c])."""
-    return u[:, None, :, None] * r[:, :, None, :]
+    return torch.mul(u[:, None, :, None], r[:, :, None, :], out=out)
 
 
 def value_block(y: torch.Tensor, d: int) -> torch.Tensor:
@@ -126,10 +126,8 @@ def columns(parts: dict[str, Part], blocks: tuple[str, ...]) -> torch.Tensor:
     out = like.new_empty(t, d, len(blocks), d, dim)
     for i, b in enumerate(blocks):
         part = parts[b]
-        if isinstance(part, Factored) and part.kind == "query_local":
-            torch.mul(part.left[:, :, :, None], part.right[:, None, None, :], out=out[:, :, i])
-        elif isinstance(part, Factored):
-            torch.mul(part.left[:, None, :, None], part.right[:, :, None, :], out=out[:, :, i])
+        if isinstance(part, Factored):
+            part.dense(out=out[:, :, i])
         else:
             out[:, :, i] = part
     return out.reshape(t * d, -1)
