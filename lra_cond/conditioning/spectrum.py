@@ -837,15 +837,14 @@ def head_spectra(
         if eliminate:
             a_blocks = [b for b in sb if b != "v"]
             keep = torch.cat([torch.arange(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"])
-            if all(b in factors for b in a_blocks):
+            null_a = basis[:, ~v_part][keep]  # the null directions outside V, in the other blocks
+            if all(b in factors for b in a_blocks):  # the Gram from the factors, no rows formed
                 fs = [factors[b] for b in a_blocks]
-                null_a = basis[:, ~v_part][keep]
                 out[scope] = _factored_head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
                 continue
             (main, coupling), t = _deflate_columns(
-                [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]],
-                d, dim, basis[:, ~v_part][keep], x_real,
-            )  # fmt: skip
+                [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real
+            )
             value = (s_y[:r_y].repeat_interleave(d), coupling)
             out[scope] = _solve([main], t, value, verified, rtol, method)
             continue
