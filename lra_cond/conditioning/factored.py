@@ -13,8 +13,6 @@ import torch
 
 from lra_cond.models.attention.jacobian import Factored
 
-Block = Factored | torch.Tensor  # a dense block: (T d, d p), rows (i, a), columns (b, c)
-
 
 def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
     """L with L^T g L = I (up to a 1e-12 relative shift): a Kronecker factor's output side."""
@@ -74,10 +72,8 @@ def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
     return out.permute(0, 2, 1, 3).reshape(r * d, d * p)
 
 
-def apply(f: Block, v: torch.Tensor, d: int) -> torch.Tensor:
+def apply(f: Factored, v: torch.Tensor, d: int) -> torch.Tensor:
     """J v for v (d p, k), as (T d, k): per token d x d and d x p products, never the block."""
-    if not isinstance(f, Factored):
-        return f @ v
     t, p, k = f.left.shape[0], f.right.shape[-1], v.shape[1]
     v3 = v.reshape(d, p, k)
     if f.kind == "query_local":  # G_i (V x_i): W[i, b] = sum_c x_i[c] V[b, c]
@@ -87,10 +83,8 @@ def apply(f: Block, v: torch.Tensor, d: int) -> torch.Tensor:
     return (f.right @ w).reshape(t * d, k)
 
 
-def apply_t(f: Block, y: torch.Tensor, d: int) -> torch.Tensor:
+def apply_t(f: Factored, y: torch.Tensor, d: int) -> torch.Tensor:
     """J^T y for y (T d, k), as (d p, k)."""
-    if not isinstance(f, Factored):
-        return f.T @ y
     t, k = f.left.shape[0], y.shape[1]
     y3 = y.reshape(t, d, k)
     if f.kind == "query_local":  # sum_i x_i[c] (G_i^T y_i)[b]

@@ -20,14 +20,15 @@ whose effect is undone exactly:
 3. **Null space: deflated or regularised.** The whole head's null space (the gauge: ~1/3 of its
    columns) is deflated by orthogonal transformations (``_deflate_columns``): every block's input
    side is rotated so that the null directions live in a few input coordinates, and only those are
-   replaced by their complement. A block alone has few null directions (k <= n / 4,
-   ``REGULARISE_RATIO``): it keeps every coordinate and its Kronecker preconditioner, and the null
-   space is regularised instead: G' + beta Q_B Q_B^T, Q_B an orthonormal basis of T^T N, is
-   positive definite and equals T^T (J^T J + N Z N^T) T, which is J^T J on N^perp and maps N to
-   itself. Lanczos and Rayleigh-Ritz vectors are projected onto N^perp, so the regularised
-   eigenvalues never enter. (Deflating a block with a non-input-side null, e.g. normalized
-   attention's scale W_Q, would turn all of W_Q's row space into dense columns: a Householder
-   pass, a dense preconditioner and a triangular solve over every row, ~30% of such a probe.)
+   replaced by their complement. A scope with few null directions (k <= n / 4,
+   ``REGULARISE_RATIO``: most blocks alone, linear attention's whole head) keeps every coordinate
+   and its Kronecker preconditioner, and the null space is regularised instead: G' + beta Q_B
+   Q_B^T, Q_B an orthonormal basis of T^T N, is positive definite and equals
+   T^T (J^T J + N Z N^T) T, which is J^T J on N^perp and maps N to itself. Lanczos and
+   Rayleigh-Ritz vectors are projected onto N^perp, so the regularised eigenvalues never enter.
+   (Deflating a block with a non-input-side null, e.g. normalized attention's scale W_Q, would
+   turn all of W_Q's row space into dense columns: a Householder pass, a dense preconditioner and
+   a triangular solve over every row, ~30% of such a probe.)
 4. **Extremes by block Lanczos** on R^T R (sigma_max^2) and on (R^T R)^{-1} (1/sigma_min^2, by
    triangular solves: sigma_min keeps its own relative accuracy).
 5. **A check with the exact J.** The Rayleigh quotient ||J u|| / ||u|| of the sigma_min vector
@@ -220,9 +221,7 @@ def output_whitening(a: torch.Tensor, d: int, p: int) -> torch.Tensor:
     """L with (a reshaped (m, d, p)) contracted over rows and c having unit Gram on b: the
     Kronecker preconditioner's output side (the inverse Cholesky factor, transposed)."""
     a2 = a.reshape(-1, d, p).transpose(0, 1).reshape(d, -1)
-    g = a2 @ a2.T
-    g = g + 1e-12 * g.diagonal().mean() * torch.eye(d, dtype=g.dtype, device=g.device)
-    return torch.linalg.inv(torch.linalg.cholesky(g)).T
+    return factored.inverse_cholesky_t(a2 @ a2.T)
 
 
 def dense_whitening(a: torch.Tensor) -> torch.Tensor:
@@ -233,7 +232,7 @@ def dense_whitening(a: torch.Tensor) -> torch.Tensor:
     return torch.linalg.cholesky_ex(g + shift * eye, upper=True)[0]
 
 
-REGULARISE_RATIO = 4  # a block alone regularises its k null directions when k * this <= its columns
+REGULARISE_RATIO = 4  # a scope regularises its k null directions when k * this <= its columns
 DENSE_PRECONDITIONER_MAX = 1536  # larger mixed blocks get a diagonal (Jacobi) preconditioner
 
 
@@ -254,17 +253,11 @@ def _deflate_columns(
     size, k, n_blocks = d * dim, null.shape[1], len(rows[0]) - (1 if dense else 0)
     rotations, perp_widths, null_par = [], [], []
     for i in range(n_blocks):
-        nb = null[i * size : (i + 1) * size].T.reshape(k, d, dim)
-        if k:
-            flat = nb.reshape(k * d, dim)
-            lam, vecs = torch.linalg.eigh(flat.T @ flat)
-            inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
-        else:
-            vecs, inside = torch.eye(dim, dtype=x.dtype, device=x.device), torch.zeros(dim, dtype=torch.bool)
-        v_perp, v_par = vecs[:, ~inside], vecs[:, inside]
+        nb = null[i * size : (i + 1) * size]
+        v_perp, v_par, _ = _input_rotation(nb, d, dim)
         rotations.append(torch.cat([v_perp, v_par], 1))
         perp_widths.append(d * v_perp.shape[1])
-        null_par.append((nb @ v_par).reshape(k, d * v_par.shape[1]).T)
+        null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, d * v_par.shape[1]).T)
     if dense:
         null_par.append(null[n_blocks * size :])
     n_par = sum(np_.shape[0] for np_ in null_par)
@@ -395,8 +388,7 @@ class _Factor:
         """The exact matrix whose singular values these are (for the svdvals fallback)."""
         a = torch.cat([_materialised(r) for r in self.rows])
         if self.null is not None:  # the complement of the regularised null directions
-            q = torch.linalg.qr(self.null, mode="complete").Q
-            a = a @ q[:, self.null.shape[1] :]
+            a = a @ _complement(*torch.geqrf(self.null))
         if self.rv is None:
             return a
         zeros = a.new_zeros(a.shape[0], self.n_v)
@@ -573,17 +565,14 @@ def _factored_scope(
 
 
 class DeflatedRows:
-    """(U^T (x) I_d) J B for J (T d, n) given by its column blocks, U (T, r) (None: I) and B a
+    """(U^T (x) I_d) J B for J (T d, n) given by its factored column blocks, U (T, r) (None: I) and B a
     ``Deflation``, as an operator: exact rows without forming them (``dense`` does, for a
     Householder QR or svdvals). The whole head's rows after the value elimination, or a
     factored block's rows on its deflated coordinates."""
 
-    def __init__(
-        self, blocks: list[factored.Block], u: torch.Tensor | None, d: int, basis: Deflation
-    ) -> None:
+    def __init__(self, blocks: list[Factored], u: torch.Tensor | None, d: int, basis: Deflation) -> None:
         self.blocks, self.u, self.d, self.basis = blocks, u, d, basis
-        rows = blocks[0].left.shape[0] * d if isinstance(blocks[0], Factored) else blocks[0].shape[0]
-        self.shape = (rows if u is None else u.shape[1] * d, basis.n)
+        self.shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n)
 
     def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         if u is None:
@@ -603,7 +592,8 @@ class DeflatedRows:
         return _Transposed(self)
 
     def dense(self) -> torch.Tensor:
-        full = torch.cat([self._rotate(_dense_block(b), self.u) for b in self.blocks], 1)
+        rows = self.blocks[0].left.shape[0] * self.d
+        full = torch.cat([self._rotate(b.dense().reshape(rows, -1), self.u) for b in self.blocks], 1)
         return self.basis.apply_t(full.T).T
 
 
@@ -616,13 +606,6 @@ class _Transposed:
         back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
         d = self.rows.d
         return self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
-
-
-def _dense_block(b: factored.Block) -> torch.Tensor:
-    if not isinstance(b, Factored):
-        return b
-    dense = b.dense()
-    return dense.reshape(dense.shape[0] * dense.shape[1], -1)
 
 
 @dataclass
