@@ -142,6 +142,52 @@ def test_whole_head_from_factors_equals_the_dense_rows(monkeypatch: pytest.Monke
     assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
+@pytest.mark.parametrize(
+    "family,blocks,dim,heads",
+    [("linear", "qkv", 8, 2), ("softmax", "qk", 16, 4)],
+    ids=["linear-q-factored-with-support-columns", "softmax-qk-factored"],
+)
+def test_kept_scope_from_factors_equals_the_dense_rows(
+    family: str, blocks: str, dim: int, heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope with few null directions whose blocks all come as factors, next to a family's dense
+    columns or not (linear attention's whole head: Q factored, K/V as statistics columns; softmax
+    on Q and K alone with few gauge directions): its Gram is formed from the factors and its exact
+    rows are an operator; same values as the route through the formed rows, and as dense."""
+    import lra_cond.conditioning.jacobian as jacobian_module
+
+    torch.manual_seed(9)
+    layer = build_attention(family, dim, heads)
+    x, mask = padded_input(9, 2, 30, dim)
+    x = layer_norm(x) + 0.2 * torch.randn(dim, dtype=torch.float64)
+    taken = []
+    real_kept = spectrum._factored_kept
+
+    def spy(fs, columns, *args):  # noqa: ANN001, ANN002, ANN202
+        taken.append((len(fs), columns is not None))
+        rows, t, g = real_kept(fs, columns, *args)
+        formed = rows[0].dense()  # the operator's rows, formed: its products and Gram agree
+        v = torch.randn(formed.shape[1], 3, dtype=formed.dtype)
+        y = torch.randn(formed.shape[0], 3, dtype=formed.dtype)
+        torch.testing.assert_close(rows[0] @ v, formed @ v, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(rows[0].T @ y, formed.T @ y, rtol=1e-12, atol=1e-12)
+        pre = t.right(formed)
+        torch.testing.assert_close(g, pre.T @ pre, rtol=1e-10, atol=1e-10 * float(g.abs().max()))
+        return rows, t, g
+
+    monkeypatch.setattr(spectrum, "_factored_kept", spy)
+    fast = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
+    assert taken == [(len(blocks) - (2 if family == "linear" else 0), family == "linear")] * heads
+    real_spectra = spectrum.head_spectra
+    monkeypatch.setattr(jacobian_module, "head_spectra", lambda *args: real_spectra(*args[:-1], None))
+    rows = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
+    dense = jacobian_condition(layer, x, mask, blocks=blocks, method="dense", per_block=False)
+    assert len(taken) == heads and fast.n_null == rows.n_null == dense.n_null
+    assert not [n for n in fast.notes if "lost sigma_min" in n]  # the factor passed its check
+    assert fast.kappa == pytest.approx(rows.kappa, rel=1e-9)
+    assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
+
+
 @pytest.mark.parametrize("family", ["softmax", "nystrom", "linear"])
 def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
     family: str, monkeypatch: pytest.MonkeyPatch

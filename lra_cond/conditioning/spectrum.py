@@ -45,7 +45,9 @@ When every block but V comes as per-token factors (softmax), the whole head neve
 rotated rows: the same Gram comes from the factors (``factored``; the value block as a Schur
 complement, the deflation by congruence, ``_factored_head``), the exact rows stay an operator
 (``DeflatedRows``), and because a Schur complement cancels, sigma_min is always taken from the
-exact J by the Rayleigh-Ritz step of 5.
+exact J by the Rayleigh-Ritz step of 5. A scope with few null directions whose blocks all come as
+factors (next to a family's dense columns or not: linear attention's whole head) has its Gram
+formed from them the same way, without a Schur complement (``_factored_kept``).
 
 If a null value is left that the verified groups do not explain (sigma_min <= rtol * sigma_max),
 the scope falls back to an exact svdvals of J on N^perp and counts the extra nulls.
@@ -299,16 +301,15 @@ def _deflate_columns(
             t.add_kron(output_whitening(out[0][:, col : col + wp], d, p), input_whitening(x @ rot[:, :p]))
             col += wp
     if n_c:
-        add_dense_preconditioner(t, out[0][:, n_perp:])
+        t.add_dense(dense_preconditioner(out[0][:, n_perp:]))
     return out, t
 
 
-def add_dense_preconditioner(t: Preconditioner, columns: torch.Tensor) -> None:
-    """Whitening of columns without Kronecker structure (Jacobi when there are many)."""
+def dense_preconditioner(columns: torch.Tensor) -> torch.Tensor:
+    """R whitening columns without Kronecker structure (Jacobi when there are many)."""
     if columns.shape[1] <= DENSE_PRECONDITIONER_MAX:
-        t.add_dense(dense_whitening(columns))
-    else:
-        t.add_dense(torch.diag(columns.norm(dim=0).clamp_min(1e-300)))
+        return dense_whitening(columns)
+    return torch.diag(columns.norm(dim=0).clamp_min(1e-300))
 
 
 @dataclass
@@ -565,14 +566,23 @@ def _factored_scope(
 
 
 class DeflatedRows:
-    """(U^T (x) I_d) J B for J (T d, n) given by its factored column blocks, U (T, r) (None: I) and B a
-    ``Deflation``, as an operator: exact rows without forming them (``dense`` does, for a
-    Householder QR or svdvals). The whole head's rows after the value elimination, or a
-    factored block's rows on its deflated coordinates."""
+    """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
+    B a ``Deflation`` and D optional dense columns (T d, r_D; only with U = None), as an operator:
+    exact rows without forming them (``dense`` does, for a Householder QR or svdvals). The whole
+    head's rows after the value elimination, a factored block's rows on its deflated coordinates,
+    or factored blocks next to a family's dense columns."""
 
-    def __init__(self, blocks: list[Factored], u: torch.Tensor | None, d: int, basis: Deflation) -> None:
-        self.blocks, self.u, self.d, self.basis = blocks, u, d, basis
-        self.shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n)
+    def __init__(
+        self,
+        blocks: list[Factored],
+        u: torch.Tensor | None,
+        d: int,
+        basis: Deflation,
+        columns: torch.Tensor | None = None,
+    ) -> None:
+        self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
+        extra = 0 if columns is None else columns.shape[1]
+        self.shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n + extra)
 
     def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         if u is None:
@@ -580,11 +590,14 @@ class DeflatedRows:
         return (u.T @ m.reshape(u.shape[0], -1)).reshape(u.shape[1] * self.d, -1)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        v = self.basis.apply(v)
-        out, size = None, v.shape[0] // len(self.blocks)
+        n = self.basis.n
+        full = self.basis.apply(v[:n])
+        out, size = None, full.shape[0] // len(self.blocks)
         for i, b in enumerate(self.blocks):
-            part = factored.apply(b, v[i * size : (i + 1) * size], self.d)
+            part = factored.apply(b, full[i * size : (i + 1) * size], self.d)
             out = part if out is None else out + part
+        if self.columns is not None:
+            out = torch.addmm(out, self.columns, v[n:])
         return self._rotate(out, self.u)
 
     @property
@@ -594,7 +607,8 @@ class DeflatedRows:
     def dense(self) -> torch.Tensor:
         rows = self.blocks[0].left.shape[0] * self.d
         full = torch.cat([self._rotate(b.dense().reshape(rows, -1), self.u) for b in self.blocks], 1)
-        return self.basis.apply_t(full.T).T
+        out = self.basis.apply_t(full.T).T
+        return out if self.columns is None else torch.cat([out, self.columns], 1)
 
 
 class _Transposed:
@@ -605,7 +619,8 @@ class _Transposed:
         u = self.rows.u
         back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
         d = self.rows.d
-        return self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
+        out = self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
+        return out if self.rows.columns is None else torch.cat([out, self.rows.columns.T @ back])
 
 
 @dataclass
@@ -678,6 +693,52 @@ def _materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
     return rows.dense() if isinstance(rows, DeflatedRows) else rows
 
 
+def _cross_grams(pre: list[Factored], size: int, columns: torch.Tensor | None = None) -> torch.Tensor:
+    """[J_1 .. J_n | D]^T [J_1 .. J_n | D] for factored blocks J_b (each ``size`` columns) and
+    optional dense columns D, every block J_b^T J_b' and J_b^T D through the factors."""
+    n_f = len(pre) * size
+    n = n_f + (0 if columns is None else columns.shape[1])
+    g = pre[0].left.new_empty(n, n)
+    for i, fi in enumerate(pre):
+        rows = slice(i * size, (i + 1) * size)
+        for j in range(i, len(pre)):
+            block = factored.cross_gram(fi, pre[j])
+            g[rows, j * size : (j + 1) * size] = block
+            if j != i:
+                g[j * size : (j + 1) * size, rows] = block.T
+        if columns is not None:
+            g[rows, n_f:] = factored.apply_t(fi, columns, fi.left.shape[-1])
+            g[n_f:, rows] = g[rows, n_f:].T
+    if columns is not None:
+        g[n_f:, n_f:] = gram(columns)
+    return g
+
+
+def _factored_kept(
+    fs: list[Factored], columns: torch.Tensor | None, d: int, x: torch.Tensor
+) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor]:
+    """A scope with few null directions (every coordinate kept, the nulls regularised) whose blocks
+    all come as factors, next to optional dense columns (a family's support columns, e.g. linear
+    attention's whole head): its exact rows as an operator, its preconditioner (L_b (x) W per
+    block, R_D for the columns) and the preconditioned Gram from the factors (``_cross_grams``:
+    T d^2 D'^2 per pair of blocks and T d (d + D') r_D against the columns, where the formed rows'
+    Gram costs T d n^2). No cancellation: the same sums as the formed rows' Gram, in another order."""
+    dim = x.shape[1]
+    t, pre, w = Preconditioner(), [], input_whitening(x)
+    for f in fs:
+        lb = factored.output_side(f)
+        t.add_kron(lb, w)
+        pre.append(factored.preconditioned(f, lb, w))
+    scaled = None
+    if columns is not None:
+        r = dense_preconditioner(columns)
+        t.add_dense(r)
+        scaled = torch.linalg.solve_triangular(r, columns, upper=True, left=False)
+    identity = deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
+    rows = [DeflatedRows(fs, None, d, identity, columns)]
+    return rows, t, _cross_grams(pre, d * dim, scaled)
+
+
 def _factored_head(
     fs: list[Factored],
     u: torch.Tensor,
@@ -714,13 +775,7 @@ def _factored_head(
         rotated.append(rot)
         pre.append(factored.preconditioned(rot, lb, inputs))
         l_inv.append(torch.linalg.inv(lb))
-    g = torch.empty(n_b * size, n_b * size, dtype=x.dtype, device=x.device)
-    for i, fi in enumerate(pre):
-        for j in range(i, n_b):
-            block = factored.cross_gram(fi, pre[j])
-            g[i * size : (i + 1) * size, j * size : (j + 1) * size] = block
-            if j != i:
-                g[j * size : (j + 1) * size, i * size : (i + 1) * size] = block.T
+    g = _cross_grams(pre, size)
     top = torch.cat([factored.rows_rotated(f, u[:, :r_y]) for f in pre], 1)  # C' = C T
     # coordinates (block, b, c): the perp ones first, then the par ones, as in ``Deflation``
     idx = torch.arange(n_b * size, device=x.device).reshape(n_b, d, dim)
@@ -838,13 +893,19 @@ def head_spectra(
             out[scope] = _solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
             continue
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
+            null_q = torch.linalg.qr(basis).Q
+            if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
+                fs = [factors[b] for b in sb]
+                rows, t, g = _factored_kept(fs, extra[0] if extra else None, d, x_real)
+                out[scope] = _solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
+                continue
             t = Preconditioner()
             for b in raw[: len(sb)]:
                 t.add_kron(output_whitening(b, d, dim), input_whitening(x_real))
             if extra:
-                add_dense_preconditioner(t, extra[0])
+                t.add_dense(dense_preconditioner(extra[0]))
             rows = [torch.cat(raw, 1)] if len(raw) > 1 else raw
-            out[scope] = _solve(rows, t, None, verified, rtol, method, null=torch.linalg.qr(basis).Q)
+            out[scope] = _solve(rows, t, None, verified, rtol, method, null=null_q)
             continue
         if y is not None:
             tops, bottoms = zip(*([rows_of(b) for b in sb] + [rotate(e) for e in extra]))
