@@ -180,15 +180,25 @@ class _Reduction:
         return float(diff.norm()) <= ACCEPT_RTOL * gain * float(y.norm())
 
 
+def _columns_of(jac: torch.Tensor, blocks: tuple[str, ...], wanted: list[str], size: int) -> torch.Tensor:
+    """The columns of ``wanted`` blocks of a head Jacobian: a view when they are adjacent (no copy of
+    T d x n entries), else a concatenation."""
+    idx = [blocks.index(b) for b in wanted]
+    if not idx:
+        return jac[:, :0]
+    if idx == list(range(idx[0], idx[0] + len(idx))):
+        return jac[:, idx[0] * size : (idx[-1] + 1) * size]
+    return torch.cat([jac[:, i * size : (i + 1) * size] for i in idx], 1)
+
+
 def _reduce(
     jac: torch.Tensor, blocks: tuple[str, ...], sb: tuple[str, ...], size: int, support: Support | None
 ) -> _Reduction | None:
     if support is None:
         return None
-    col = {b: slice(i * size, (i + 1) * size) for i, b in enumerate(blocks)}
     kron = [b for b in sb if b not in support.blocks]
-    kron_cols = torch.cat([jac[:, col[b]] for b in kron], 1) if kron else jac[:, :0]
-    support_cols = torch.cat([jac[:, col[b]] for b in support.blocks], 1)
+    kron_cols = _columns_of(jac, blocks, kron, size)
+    support_cols = _columns_of(jac, blocks, list(support.blocks), size)
     dense = support.columns if support.columns is not None else support_cols @ support.p
     return _Reduction(
         support.name, kron, list(support.blocks), support.p, kron_cols, support_cols, dense, list(sb), size

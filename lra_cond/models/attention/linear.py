@@ -115,6 +115,14 @@ class LinearAttention(Attention, name="linear"):
             cache[key] = _Statistics(self._statistics_values(inp), *_statistics_blocks(inp, blocks))
         return cache[key]
 
+    def _query_directions(self, inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_feature_directions`` of head h, cached on this (probe) copy: it depends on the head's
+        W_Q and the probe only, and the whole head and Q alone both ask for it."""
+        cache = self.__dict__.setdefault("_query_directions_cache", {})
+        if inp.h not in cache:
+            cache[inp.h] = _feature_directions(inp)
+        return cache[inp.h]
+
     def _through_statistics(self, inp: jac.HeadInputs, m: torch.Tensor) -> torch.Tensor:
         """J_psi M for M (B (d^2 + d), r) in the statistics layout: the head output's Jacobian with
         respect to the statistics, dA_i = (dS^T phi_i - A_i dz^T phi_i) / den_i, applied to M
@@ -183,7 +191,7 @@ class LinearAttention(Attention, name="linear"):
                 parts = theta.T.reshape(-1, len(kv), d, dim)
                 groups["key_value_scale"] = {b: parts[:, i] for i, b in enumerate(kv)}
         if "q" in inp.blocks:
-            dq, e = _feature_directions(inp)
+            dq, e = self._query_directions(inp)
             # (dS_b, dz_b) = -E^T (S_b, z_b) for every sequence, one column per direction
             per_sequence = stats.reshape(len(inp.xs), per)
             s_mats, z_vecs = per_sequence[:, : d * d].reshape(-1, d, d), per_sequence[:, d * d :]
