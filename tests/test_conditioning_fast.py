@@ -224,6 +224,36 @@ def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
     assert refined.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
+@pytest.mark.parametrize("family", ["normalized", "linear"])
+def test_a_check_too_coarse_to_vouch_leads_to_the_exact_j(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the check's own rounding level exceeds its tolerance (kappa above ~1e6; here forced by
+    a coarse EPS), a spoiled factor passes the check: sigma_min is then taken from the exact J all
+    the same (before: a linear-attention head at kappa 2.4e9 kept a sigma_min 1.8e-4 off)."""
+    torch.manual_seed(4)
+    layer = build_attention(family, 8, 2)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    dense = jacobian_condition(layer, x, method="dense")
+    real = spectrum._triangular
+    gen = torch.Generator().manual_seed(0)
+
+    def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
+        r, route = real(rows, t, use_qr, g, reg)
+        if route == "cholesky":
+            noise = torch.randn(r.shape, generator=gen, dtype=r.dtype).triu()
+            r = r + 1e-4 * noise * r.diagonal().abs().min()
+        return r, route
+
+    monkeypatch.setattr(spectrum, "_triangular", spoiled)
+    monkeypatch.setattr(spectrum, "EPS", 1e-3)  # every check's rounding level is far above its tolerance
+    refined = jacobian_condition(layer, x)
+    assert not any("lost sigma_min" in n for n in refined.notes)  # the check saw nothing
+    assert refined.sigma_min == pytest.approx(dense.sigma_min, rel=1e-8)
+    for b in "qk":
+        assert refined.per_block[b].sigma_min == pytest.approx(dense.per_block[b].sigma_min, rel=1e-8), b
+
+
 @pytest.mark.parametrize("family", ["softmax", "nystrom"])
 def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
     family: str, monkeypatch: pytest.MonkeyPatch

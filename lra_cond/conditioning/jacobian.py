@@ -172,11 +172,13 @@ class _Reduction:
         gen = torch.Generator().manual_seed(1)
         r = torch.randn(self.p.shape[0], 2, generator=gen, dtype=self.p.dtype).to(self.p.device)
         off = r - self.p @ (self.p.T @ r)
-        gain = max(float((self.support_cols @ r).norm() / r.norm()), 1e-300)
-        if float((self.support_cols @ off).norm()) > ACCEPT_RTOL * gain * float(off.norm()):
-            return False
         y = torch.randn(self.p.shape[1], 2, generator=gen, dtype=self.p.dtype).to(self.p.device)
-        diff = self.dense @ y - self.support_cols @ (self.p @ y)
+        # one pass over J_S (T d x n_S, the largest matrix here) for all three products
+        j_r, j_off, j_py = (self.support_cols @ torch.cat([r, off, self.p @ y], 1)).split(2, 1)
+        gain = max(float(j_r.norm() / r.norm()), 1e-300)
+        if float(j_off.norm()) > ACCEPT_RTOL * gain * float(off.norm()):
+            return False
+        diff = self.dense @ y - j_py
         return float(diff.norm()) <= ACCEPT_RTOL * gain * float(y.norm())
 
 

@@ -32,7 +32,8 @@ whose effect is undone exactly:
 4. **Extremes by block Lanczos** on R^T R (sigma_max^2) and on (R^T R)^{-1} (1/sigma_min^2, by
    triangular solves: sigma_min keeps its own relative accuracy).
 5. **A check with the exact J.** The Rayleigh quotient ||J u|| / ||u|| of the sigma_min vector
-   must match sigma_min (``_check``). If the Gram lost it, sigma_min is taken from the exact J:
+   must match sigma_min (``_check``, to its own rounding level ~eps sqrt(n) kappa). If the Gram
+   lost it, or the check is too coarse to tell (kappa above ~1e6), sigma_min is taken from the exact J:
    preconditioned Rayleigh-Ritz on J^T J with the factor's inverse Gram as the preconditioner,
    from the factor's vector (``_refined_sigma_min``; every iterate an upper bound, exact to
    eps * sigma_max through the SVD of J V, a few steps to 1e-10; tested: a factor off by 1e-4
@@ -438,18 +439,21 @@ def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor
     return sigma_max, sigma_min, inv.vector, top.vector, top.converged and inv.converged
 
 
-def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> float:
+def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> tuple[float, bool]:
     """How far the factor's inverse Gram is from the exact J's along the sigma_min direction, minus
-    the check's own rounding level (> 0: the factor lost sigma_min).
+    the check's own rounding level (> 0: the factor lost sigma_min), and whether that rounding
+    level is below the check's tolerance (False: the check cannot vouch for sigma_min).
 
     With w = (R^T R)^{-1} u, ||J w||^2 = u . w holds exactly when R^T R = J^T J, for any u; with
     R^T R = J^T J + E it is off by w^T E w / u . w, the relative error of the Gram along w (u the
-    sigma_min vector makes w the sigma_min direction). The exact rows give ||J w||."""
+    sigma_min vector makes w the sigma_min direction). The exact rows give ||J w||, to a relative
+    ~eps sqrt(n) kappa: above kappa ~1e6 that bound exceeds CHECK_RTOL (measured: a linear-
+    attention head at kappa 2.4e9 whose Cholesky sigma_min was 1.8e-4 off passed the check)."""
     u = vector[:, None]
     w = factor.inverse_gram(u)
     ratio = factor.exact_norm(w) ** 2 / float((u * w).sum())
     noise = 8 * EPS * math.sqrt(vector.numel()) * sigma_max / max(sigma_min, 1e-300)
-    return abs(ratio - 1.0) / 2 - noise - CHECK_RTOL
+    return abs(ratio - 1.0) / 2 - noise - CHECK_RTOL, noise <= CHECK_RTOL
 
 
 REFINE_RTOL = 1e-10  # relative change of sigma_min between Rayleigh-Ritz steps that ends the refinement
@@ -503,8 +507,11 @@ def _solve(
     r, route = _triangular(rows, t, use_qr=method == "qr", g=g, reg=reg)
     factor = _Factor(rv, c, r, t, rows, route, null)
     smax, smin, vec, top, converged = _extremes(factor)
-    lost = route == "cholesky" and (smin <= rtol * smax or _check(factor, smax, smin, vec) > 0)
-    if lost or (refine and route == "cholesky"):
+    lost = vouched = False
+    if route == "cholesky":
+        excess, vouched = _check(factor, smax, smin, vec) if smin > rtol * smax else (1.0, True)
+        lost = excess > 0
+    if lost or (route == "cholesky" and (refine or not vouched)):
         # the Gram lost sigma_min (or may have): take it from the exact J, the factor as
         # preconditioner, and recompute the factor by Householder QR only when that does not settle
         refined = None if smin <= rtol * smax else _refined_sigma_min(factor, vec, smin)
@@ -515,7 +522,8 @@ def _solve(
             # bound whose error is quadratic in the vector's (the factor's own is linear)
             smin, smax = refined, factor.exact_norm(top[:, None])
         else:
-            notes.append("the Gram's Cholesky factor lost sigma_min: recomputed by Householder QR")
+            why = "lost sigma_min" if lost else "was not refined on the exact J"
+            notes.append(f"the Gram's Cholesky factor {why}: recomputed by Householder QR")
             factor.r, factor.route = _triangular(rows, t, use_qr=True, reg=reg)
             smax, smin, vec, _, converged = _extremes(factor)
     if not converged:

@@ -140,7 +140,7 @@ class LinearAttention(Attention, name="linear"):
             m_s, m_z = block[: d * d].reshape(d, d * m.shape[1]), block[d * d :]
             via_s = (w @ m_s).reshape(len(x), d, -1)  # sum_b w_ib M[(b, a), k]
             out.append((via_s - a[:, :, None] * (w @ m_z)[:, None, :]).reshape(len(x) * d, -1))
-        return torch.cat(out)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def jacobian_support(self, inp: jac.HeadInputs) -> jac.Support | None:
         """Keys and values enter only through each sequence's S = sum phi(k) v^T and z = sum phi(k):
