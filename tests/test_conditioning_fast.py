@@ -188,17 +188,9 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
     assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
-@pytest.mark.parametrize("family", ["softmax", "nystrom", "linear"])
-def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
-    family: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A Cholesky factor off by 1e-4 of its smallest pivot (random; a Gram's rounding errors are
-    absolute, so they spoil sigma_min, not sigma_max) fails every check; Rayleigh-Ritz on the exact J,
-    preconditioned by that factor, recovers sigma_min: equal to dense to 1e-8."""
-    torch.manual_seed(4)
-    layer = build_attention(family, 8, 2, **({"num_landmarks": 6} if family == "nystrom" else {}))
-    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
-    dense = jacobian_condition(layer, x, method="dense")
+def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Cholesky factor the spectrum routine forms gets random upper-triangular noise of 1e-4
+    of its smallest pivot."""
     real = spectrum._triangular
     gen = torch.Generator().manual_seed(0)
 
@@ -210,6 +202,20 @@ def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
         return r, route
 
     monkeypatch.setattr(spectrum, "_triangular", spoiled)
+
+
+@pytest.mark.parametrize("family", ["softmax", "nystrom", "linear"])
+def test_a_cholesky_that_lost_sigma_min_is_refined_on_the_exact_j(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Cholesky factor off by 1e-4 of its smallest pivot (random; a Gram's rounding errors are
+    absolute, so they spoil sigma_min, not sigma_max) fails every check; Rayleigh-Ritz on the exact J,
+    preconditioned by that factor, recovers sigma_min: equal to dense to 1e-8."""
+    torch.manual_seed(4)
+    layer = build_attention(family, 8, 2, **({"num_landmarks": 6} if family == "nystrom" else {}))
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    dense = jacobian_condition(layer, x, method="dense")
+    spoil_every_cholesky(monkeypatch)
     refined = jacobian_condition(layer, x)
     assert any("refined on the exact J" in n for n in refined.notes)
     assert not any("Householder QR" in n for n in refined.notes)
@@ -235,17 +241,7 @@ def test_a_check_too_coarse_to_vouch_leads_to_the_exact_j(
     layer = build_attention(family, 8, 2)
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     dense = jacobian_condition(layer, x, method="dense")
-    real = spectrum._triangular
-    gen = torch.Generator().manual_seed(0)
-
-    def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
-        r, route = real(rows, t, use_qr, g, reg)
-        if route == "cholesky":
-            noise = torch.randn(r.shape, generator=gen, dtype=r.dtype).triu()
-            r = r + 1e-4 * noise * r.diagonal().abs().min()
-        return r, route
-
-    monkeypatch.setattr(spectrum, "_triangular", spoiled)
+    spoil_every_cholesky(monkeypatch)
     monkeypatch.setattr(spectrum, "EPS", 1e-3)  # every check's rounding level is far above its tolerance
     refined = jacobian_condition(layer, x)
     assert not any("lost sigma_min" in n for n in refined.notes)  # the check saw nothing
