@@ -36,7 +36,8 @@ whose effect is undone exactly:
    lost it, or the check is too coarse to tell (kappa above ~1e6), sigma_min is taken from the exact J:
    preconditioned Rayleigh-Ritz on J^T J with the factor's inverse Gram as the preconditioner,
    from the factor's vector (``_refined_sigma_min``; every iterate an upper bound, exact to
-   eps * sigma_max through the SVD of J V, a few steps to 1e-10; tested: a factor off by 1e-4
+   eps * sigma_max through the SVD of J V, a few steps to 1e-10 or to its rounding floor (an
+   iterate that rises: ~5e-9 at kappa 1e10); tested: a factor off by 1e-4
    gives sigma_min to 1e-8). Only if that does not settle is R' recomputed by Householder QR of
    the preconditioned rows (stacked on sqrt(beta) Q_B^T when regularised; backward stable: the
    same R' without squaring the condition number, ~140 GFLOP at the reference shape).
