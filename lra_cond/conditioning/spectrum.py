@@ -561,27 +561,23 @@ def _input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor,
 
 
 def _factored_scope(
-    f: Factored, rows: list[torch.Tensor], null: torch.Tensor, d: int, dim: int, x: torch.Tensor
-) -> tuple[list[torch.Tensor | DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
-    """A single block given as factors: its exact rows, Kronecker preconditioner and preconditioned
-    Gram formed from the factors (``factored``), and the null directions left to regularise. When
-    every null direction is input-side (u w^T: the par coordinates entirely null) they are deflated
-    by rotating the input side (None left); otherwise the whole block is kept and all of them are
-    returned (an orthonormal basis)."""
+    f: Factored, null: torch.Tensor, d: int, dim: int, x: torch.Tensor
+) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
+    """A single block given as factors: its exact rows (an operator), Kronecker preconditioner and
+    preconditioned Gram formed from the factors (``factored``), and the null directions left to
+    regularise. When every null direction is input-side (u w^T: the par coordinates entirely null)
+    they are deflated by rotating the input side (None left); otherwise the whole block is kept
+    (``_factored_kept``) and all of them are returned (an orthonormal basis)."""
     v_perp, v_par, k = _input_rotation(null, d, dim)
-    left_null = None
     if k != d * v_par.shape[1]:
-        v_perp, left_null = torch.eye(dim, dtype=x.dtype, device=x.device), torch.linalg.qr(null).Q
+        return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
     rotated = Factored(f.kind, f.left, f.right @ v_perp)
     lb, w = factored.output_side(rotated), input_whitening(x @ v_perp)
     pre = factored.preconditioned(rotated, lb, w)
     t = Preconditioner()
     t.add_kron(lb, w)
-    g = factored.cross_gram(pre, pre)
-    if left_null is not None:
-        return rows, t, g, left_null
     on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
-    return [DeflatedRows([f], None, d, on_perp)], t, g, None
+    return [DeflatedRows([f], None, d, on_perp)], t, factored.cross_gram(pre, pre), None
 
 
 class DeflatedRows:
@@ -905,12 +901,11 @@ def head_spectra(
             value = (s_y[:r_y].repeat_interleave(d), coupling)
             out[scope] = _solve([main], t, value, verified, rtol, method)
             continue
-        raw = [jac[:, col[b]] for b in sb] + extra
-        one = scope in factors and sb == [scope] and not extra
-        if one:
-            exact, t, g, left_null = _factored_scope(factors[scope], raw, basis, d, dim, x_real)
+        if scope in factors and sb == [scope] and not extra:  # one factored block
+            exact, t, g, left_null = _factored_scope(factors[scope], basis, d, dim, x_real)
             out[scope] = _solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
             continue
+        raw = [jac[:, col[b]] for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
             null_q = torch.linalg.qr(basis).Q
             if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
