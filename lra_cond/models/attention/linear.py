@@ -12,6 +12,9 @@ deviation and is not reproduced. No 1/sqrt(d) scaling and no attention dropout, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
@@ -19,6 +22,8 @@ from einops import rearrange
 from lra_cond.linalg import RANK_RTOL
 from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention, Option
+
+T = TypeVar("T")
 
 
 def feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -106,22 +111,25 @@ class LinearAttention(Attention, name="linear"):
                 parts["v"].append(jac.value_block(p @ x, inp.d))
         return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
-    def _statistics_jacobian(self, inp: jac.HeadInputs, blocks: list[str]) -> _Statistics:
-        """The per-sequence statistics (S_b, z_b) and their Jacobian G with respect to the K/V blocks
-        in ``blocks``, factored once. Cached on this (probe) copy: support and symmetries share it."""
-        key = (inp.h, tuple(blocks))
-        cache = self.__dict__.setdefault("_statistics_cache", {})
+    def _cached(self, key: tuple, compute: Callable[[], T]) -> T:
+        """A per-head quantity of the probe, computed once on this (probe) copy: the scopes (the whole
+        head, each block alone) and the support and symmetries of a scope ask for the same ones."""
+        cache = self.__dict__.setdefault("_probe_cache", {})
         if key not in cache:
-            cache[key] = _Statistics(self._statistics_values(inp), *_statistics_blocks(inp, blocks))
+            cache[key] = compute()
         return cache[key]
 
+    def _statistics_jacobian(self, inp: jac.HeadInputs, blocks: list[str]) -> _Statistics:
+        """The per-sequence statistics (S_b, z_b) and their Jacobian G with respect to the K/V blocks
+        in ``blocks``, factored once."""
+        return self._cached(
+            ("statistics", inp.h, tuple(blocks)),
+            lambda: _Statistics(self._statistics_values(inp), *_statistics_blocks(inp, blocks)),
+        )
+
     def _query_directions(self, inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_feature_directions`` of head h, cached on this (probe) copy: it depends on the head's
-        W_Q and the probe only, and the whole head and Q alone both ask for it."""
-        cache = self.__dict__.setdefault("_query_directions_cache", {})
-        if inp.h not in cache:
-            cache[inp.h] = _feature_directions(inp)
-        return cache[inp.h]
+        """``_feature_directions`` of head h (it depends on the head's W_Q and the probe only)."""
+        return self._cached(("query_directions", inp.h), lambda: _feature_directions(inp))
 
     def _through_statistics(self, inp: jac.HeadInputs, m: torch.Tensor) -> torch.Tensor:
         """J_psi M for M (B (d^2 + d), r) in the statistics layout: the head output's Jacobian with
