@@ -143,12 +143,12 @@ def test_whole_head_from_factors_equals_the_dense_rows(monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize(
-    "family,blocks,dim,heads",
-    [("linear", "qkv", 8, 2), ("softmax", "qk", 16, 4)],
+    "family,blocks,dim,heads,factored_blocks",
+    [("linear", "qkv", 8, 2, 1), ("softmax", "qk", 16, 4, 2)],
     ids=["linear-q-factored-with-support-columns", "softmax-qk-factored"],
 )
 def test_kept_scope_from_factors_equals_the_dense_rows(
-    family: str, blocks: str, dim: int, heads: int, monkeypatch: pytest.MonkeyPatch
+    family: str, blocks: str, dim: int, heads: int, factored_blocks: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A scope with few null directions whose blocks all come as factors, next to a family's dense
     columns or not (linear attention's whole head: Q factored, K/V as statistics columns; softmax
@@ -177,7 +177,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
 
     monkeypatch.setattr(spectrum, "_factored_kept", spy)
     fast = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
-    assert taken == [(len(blocks) - (2 if family == "linear" else 0), family == "linear")] * heads
+    assert taken == [(factored_blocks, family == "linear")] * heads  # linear: Q, next to K/V columns
     real_spectra = spectrum.head_spectra
     monkeypatch.setattr(jacobian_module, "head_spectra", lambda *args: real_spectra(*args[:-1], None))
     rows = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
