@@ -4,6 +4,8 @@ fallback, block Lanczos) against plain computations, and the per-family null spa
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -250,6 +252,53 @@ def test_a_check_too_coarse_to_vouch_leads_to_the_exact_j(
         assert refined.per_block[b].sigma_min == pytest.approx(dense.per_block[b].sigma_min, rel=1e-8), b
 
 
+@pytest.mark.parametrize("family", ["softmax", "normalized"])
+def test_a_schur_complement_gram_that_does_not_refine_is_formed_from_the_exact_rows(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole head's Gram from factors is a Schur complement (it cancels): when the refinement
+    on the exact J does not settle from it (forced here), the next factor is the Cholesky factor of
+    the exact rows' Gram, not Householder QR, and gives the dense values."""
+    torch.manual_seed(4)
+    layer = build_attention(family, 8, 2)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    real, calls = spectrum._refined_sigma_min, []
+
+    def first_fails(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return None if len(calls) == 1 else real(*args, **kwargs)
+
+    monkeypatch.setattr(spectrum, "_refined_sigma_min", first_fails)
+    redone = jacobian_condition(layer, x, per_block=False)
+    assert any("recomputed by the Gram of the exact rows" in n for n in redone.notes)
+    assert not any("Householder QR" in n for n in redone.notes)
+    assert redone.sigma_min == pytest.approx(dense.sigma_min, rel=1e-8)
+    assert redone.kappa == pytest.approx(dense.kappa, rel=1e-8)
+
+
+def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
+    """The refined sigma_min is kept when it is within REFINE_AGREE of the factor's, or within twice
+    the factor's error the check measured along its sigma_min vector: a factor whose sigma_min is
+    3e-3 high is rejected unless its measured error is ~1.5e-3, and is then refined to the exact
+    value (an SVD)."""
+    gen = torch.Generator().manual_seed(3)
+    u, _ = torch.linalg.qr(torch.randn(60, 20, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(20, 20, generator=gen, dtype=torch.float64))
+    s = torch.logspace(0, -4, 20, dtype=torch.float64)
+    a = u @ torch.diag(s) @ v.T
+    t = spectrum.Preconditioner()
+    t.add_dense(torch.eye(20, dtype=torch.float64))
+    r = torch.linalg.qr(a, mode="r").R
+    factor = spectrum._Factor(None, None, r, t, [a], "cholesky")
+    start = v[:, -1] + 1e-3 * v[:, -2]  # close to the sigma_min vector, as a factor's would be
+    high = float(s[-1]) * (1 + 3e-3)
+    assert spectrum._refined_sigma_min(factor, start, high) is None
+    refined = spectrum._refined_sigma_min(factor, start, high, error=1.5e-3)
+    assert refined == pytest.approx(float(s[-1]), rel=1e-10)
+    assert spectrum._refined_sigma_min(factor, start, float(s[-1]) * (1 + 5e-4)) == pytest.approx(refined)
+
+
 @pytest.mark.parametrize("family", ["softmax", "nystrom"])
 def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
     family: str, monkeypatch: pytest.MonkeyPatch
@@ -259,7 +308,7 @@ def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     base = jacobian_condition(layer, x)
     monkeypatch.setattr(spectrum, "CHECK_RTOL", -1.0)  # every check fails
-    monkeypatch.setattr(spectrum, "_refined_sigma_min", lambda *args: None)  # and the refinement
+    monkeypatch.setattr(spectrum, "_refined_sigma_min", lambda *args, **kwargs: None)  # and the refinement
     redone = jacobian_condition(layer, x)
     assert any("recomputed by Householder QR" in n for n in redone.notes)
     assert redone.kappa == pytest.approx(base.kappa, rel=1e-8)
@@ -349,9 +398,10 @@ def test_factored_blocks_give_the_dense_per_block_values(
     monkeypatch.setattr(spectrum, "_factored_scope", spy)
     fast = jacobian_condition(layer, x, mask)
     dense = jacobian_condition(layer, x, mask, method="dense")
-    # softmax factors Q and K; normalized and linear their query-local Q. Normalized's q_scale is
-    # not input-side: its Q keeps every coordinate and the null directions are regularised
-    want = {"softmax": ["deflated"] * 4, "normalized": ["regularised"] * 2, "linear": ["deflated"] * 2}
+    # softmax and normalized factor Q and K (normalized's K with a low-rank correction), linear
+    # its query-local Q. Normalized's q_scale and k_scale are not input-side: its blocks keep
+    # every coordinate and the null directions are regularised
+    want = {"softmax": ["deflated"] * 4, "normalized": ["regularised"] * 4, "linear": ["deflated"] * 2}
     assert taken == want[family]
     for b in "qkv":
         assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
@@ -484,11 +534,13 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
         return real_solve(rows, t, value, *args, null=null, **kwargs)
 
     monkeypatch.setattr(spectrum, "_solve", spy)
-    for layer in (build_attention("normalized", 8, 2), NoKeyScale(8, 2)):
+    # per head: the whole head, then Q and K; without its scale, K's declared nulls are all
+    # input-side (the key shift) and are deflated instead
+    for layer, k_kept in ((build_attention("normalized", 8, 2), True), (NoKeyScale(8, 2), False)):
         regularised.clear()
         fast = jacobian_condition(layer, x)
         dense = jacobian_condition(layer, x, method="dense")
-        assert regularised == [False, True, True] * 2  # per head: the whole head, then Q and K
+        assert regularised == [False, True, k_kept] * 2
         for b in "qk":
             assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8), b
             assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
@@ -497,27 +549,70 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
 
 
 def test_factored_products_equal_the_dense_block() -> None:
-    """J v, J^T y, the cross Grams and the row rotation from per-token factors equal the same
-    products of the formed (T d) x (d D') blocks, for both factor kinds."""
+    """J v, J^T y, the cross Grams, the row rotation, the output side and the preconditioned
+    factors from per-token factors equal the same products of the formed (T d) x (d D') blocks,
+    for both factor kinds, with and without a low-rank correction (built here entry by entry)."""
     from lra_cond.conditioning import factored
     from lra_cond.models.attention.jacobian import Factored
 
     gen = torch.Generator().manual_seed(0)
-    t, d, p = 7, 3, 4
+    t, d, p, r = 7, 3, 4, 5
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    blocks = [
+    def corrected(f: Factored) -> Factored:
+        return Factored(f.kind, f.left, f.right, (randn(t, d, r), randn(r, d, p)))
+
+    def naive(f: Factored) -> torch.Tensor:  # every entry [i, a, b, c] from its definition
+        j = torch.zeros(t, d, d, p, dtype=torch.float64)
+        for i, a, b, c in itertools.product(range(t), range(d), range(d), range(p)):
+            if f.kind == "query_local":
+                j[i, a, b, c] = f.left[i, a, b] * f.right[i, c]
+            else:
+                j[i, a, b, c] = f.left[i, b] * f.right[i, a, c]
+            if f.low_rank is not None:
+                j[i, a, b, c] += sum(f.low_rank[0][i, a, m] * f.low_rank[1][m, b, c] for m in range(r))
+        return j.reshape(t * d, d * p)
+
+    plain = [
         Factored("query_local", randn(t, d, d), randn(t, p)),
         Factored("outer", randn(t, d), randn(t, d, p)),
     ]
-    dense = [b.dense().reshape(t * d, d * p) for b in blocks]
+    blocks = plain + [corrected(f) for f in plain]
+    dense = [naive(b) for b in blocks]
+    assert (dense[2] - dense[0]).abs().max() > 0.1  # the corrections change the blocks
     v, y, u = randn(d * p, 2), randn(t * d, 2), randn(t, 3)
+    lb, w = randn(d, d), randn(p, p)
     for f, j in zip(blocks, dense):
+        torch.testing.assert_close(f.dense().reshape(t * d, -1), j, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(factored.apply(f, v, d), j @ v, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(factored.apply_t(f, y, d), j.T @ y, rtol=1e-12, atol=1e-12)
         want = (u.T @ j.reshape(t, -1)).reshape(3 * d, d * p)
         torch.testing.assert_close(factored.rows_rotated(f, u), want, rtol=1e-12, atol=1e-12)
         for g, k in zip(blocks, dense):
             torch.testing.assert_close(factored.cross_gram(f, g), j.T @ k, rtol=1e-12, atol=1e-12)
+        pre = factored.preconditioned(f, lb, w).dense().reshape(t * d, -1)
+        torch.testing.assert_close(pre, j @ torch.kron(lb, w), rtol=1e-12, atol=1e-12)
+        out = factored.output_side(f)  # whitens sum over rows and c of J[., (b, c)] J[., (b', c)]
+        side = torch.einsum("nbc,nec->be", j.reshape(-1, d, p), j.reshape(-1, d, p))
+        torch.testing.assert_close(out.T @ side @ out, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-9)
+
+
+def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:
+    """Two sequences' corrected blocks stacked: the correction is block diagonal, so the stacked
+    block's rows are each sequence's own rows."""
+    from lra_cond.models.attention.jacobian import Factored
+
+    gen = torch.Generator().manual_seed(1)
+    d, p = 2, 3
+
+    def block(t: int, r: int) -> Factored:
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+        return Factored("outer", randn(t, d), randn(t, d, p), (randn(t, d, r), randn(r, d, p)))
+
+    parts = [block(4, 4), block(3, 2)]
+    want = torch.cat([f.dense() for f in parts])
+    torch.testing.assert_close(Factored.cat(parts).dense(), want, rtol=1e-12, atol=1e-12)

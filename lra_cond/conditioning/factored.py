@@ -4,7 +4,8 @@ A block's rows (i, a) for token i and columns (b, c) (a d x D' weight, row-major
 family as ``Factored`` (``models/attention/jacobian.py``): token i's d x (d p) row block is
 ``query_local``: J_i[a, (b, c)] = G_i[a, b] x_i[c], or ``outer``: J_i[a, (b, c)] = q_i[b] R_i[a, c].
 Every product here is a sum over tokens of d x p pieces, so it costs T d^2 p^2 flops where the
-dense block's costs T d (d p)^2, and keeps nothing of size T x d x d p.
+dense block's costs T d (d p)^2, and keeps nothing of size T x d x d p. A block's low-rank
+correction E Z (rank r) adds products through its r columns: ~T d p r + (d p)^2 r.
 """
 
 from __future__ import annotations
@@ -25,13 +26,33 @@ def output_side(f: Factored) -> torch.Tensor:
     sum_i,a,c J[(i, a), (b, c)] J[(i, a), (b', c)]."""
     if f.kind == "query_local":
         g_left = f.left.transpose(1, 2) @ f.left  # G_i^T G_i
-        return inverse_cholesky_t(torch.einsum("ibe,i->be", g_left, f.right.square().sum(1)))
-    return inverse_cholesky_t(torch.einsum("ib,ie,i->be", f.left, f.left, f.right.square().sum((1, 2))))
+        m = torch.einsum("ibe,i->be", g_left, f.right.square().sum(1))
+    else:
+        m = torch.einsum("ib,ie,i->be", f.left, f.left, f.right.square().sum((1, 2)))
+    if f.low_rank is not None:  # + the same sum over c of B^T E Z, its transpose, and Z^T E^T E Z
+        e, z = _flat(f)
+        d, p = z.shape[1], z.shape[2]
+        be = apply_t(f.base, e, d).reshape(d, p, -1)
+        cross = torch.einsum("bcj,jec->be", be, z)
+        m = m + cross + cross.T + torch.einsum("jbc,jec->be", z, torch.einsum("jk,kec->jec", e.T @ e, z))
+    return inverse_cholesky_t(m)
 
 
-def preconditioned(f: Factored, lb: torch.Tensor, w: torch.Tensor) -> Factored:
-    """The factors of J (L_b (x) W): the output side multiplies the weight rows, W the inputs."""
-    return Factored(f.kind, f.left @ lb, f.right @ w)  # G_i L / q_i^T L, and x_i^T W / R_i W
+def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Factored:
+    """The factors of J (L_b (x) W) (``lb`` None: J (I (x) W)): the output side multiplies the
+    weight rows, W the inputs."""
+    left = f.left if lb is None else f.left @ lb  # G_i L / q_i^T L, and x_i^T W / R_i W
+    low_rank = None
+    if f.low_rank is not None:  # Z_j -> L^T Z_j W
+        e, z = f.low_rank
+        low_rank = (e, (z if lb is None else torch.einsum("be,jbc->jec", lb, z)) @ w)
+    return Factored(f.kind, left, f.right @ w, low_rank)
+
+
+def _flat(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
+    """The correction's E as (T d, r) and Z (r, d, p)."""
+    e, z = f.low_rank  # type: ignore[misc]
+    return e.reshape(-1, e.shape[-1]), z
 
 
 def _kron_layout(m: torch.Tensor, d: int, p: int) -> torch.Tensor:
@@ -39,12 +60,11 @@ def _kron_layout(m: torch.Tensor, d: int, p: int) -> torch.Tensor:
     return m.reshape(d, d, p, p).permute(0, 2, 1, 3).reshape(d * p, d * p)
 
 
-def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
-    """J1^T J2 over all tokens, (d p) x (d p)."""
+def _base_cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
     t, d = f1.left.shape[0], f1.left.shape[-1]
     p = f1.right.shape[-1]
     if f1.kind == "outer" and f2.kind == "query_local":
-        return cross_gram(f2, f1).T
+        return _base_cross_gram(f2, f1).T
     if f1.kind == f2.kind == "query_local":  # sum_i (G_i^T G'_i)[b, b'] x_i[c] x'_i[c']
         left = (f1.left.transpose(1, 2) @ f2.left).reshape(t, d * d)
         right = (f1.right[:, :, None] * f2.right[:, None, :]).reshape(t, p * p)
@@ -59,6 +79,20 @@ def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
     return (m.T @ n).reshape(d, p, p, d).permute(0, 2, 3, 1).reshape(d * p, d * p)
 
 
+def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
+    """J1^T J2 over all tokens, (d p) x (d p). With corrections J = B + E Z:
+    B1^T B2 + Z1^T (B2^T E1)^T + (J1^T E2) Z2."""
+    g = _base_cross_gram(f1.base, f2.base)
+    d = f1.left.shape[-1]
+    if f1.low_rank is not None:
+        e1, z1 = _flat(f1)
+        g = g + z1.reshape(z1.shape[0], -1).T @ apply_t(f2.base, e1, d).T
+    if f2.low_rank is not None:
+        e2, z2 = _flat(f2)
+        g = g + apply_t(f1, e2, d) @ z2.reshape(z2.shape[0], -1)
+    return g
+
+
 def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
     """(U^T (x) I_d) J: rows (m, a) = sum_i U[i, m] J[(i, a), :] for U (T, r), as (r d) x (d p)."""
     t, d = f.left.shape[0], f.left.shape[-1]
@@ -66,10 +100,16 @@ def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
     if f.kind == "query_local":  # sum_i U[i, m] x_i[c] G_i[a, b]
         z = (u[:, :, None] * f.right[:, None, :]).reshape(t, r * p)
         out = (z.T @ f.left.reshape(t, d * d)).reshape(r, p, d, d)  # [m, c, a, b]
-        return out.permute(0, 2, 3, 1).reshape(r * d, d * p)
-    z = (u[:, :, None] * f.left[:, None, :]).reshape(t, r * d)  # sum_i U[i, m] q_i[b] R_i[a, c]
-    out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
-    return out.permute(0, 2, 1, 3).reshape(r * d, d * p)
+        out = out.permute(0, 2, 3, 1).reshape(r * d, d * p)
+    else:
+        z = (u[:, :, None] * f.left[:, None, :]).reshape(t, r * d)  # sum_i U[i, m] q_i[b] R_i[a, c]
+        out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
+        out = out.permute(0, 2, 1, 3).reshape(r * d, d * p)
+    if f.low_rank is not None:  # ((U^T (x) I) E) Z
+        e, z = f.low_rank
+        ue = (u.T @ e.reshape(t, -1)).reshape(r * d, -1)
+        out = torch.addmm(out, ue, z.reshape(z.shape[0], -1))
+    return out
 
 
 def apply(f: Factored, v: torch.Tensor, d: int) -> torch.Tensor:
@@ -78,9 +118,14 @@ def apply(f: Factored, v: torch.Tensor, d: int) -> torch.Tensor:
     v3 = v.reshape(d, p, k)
     if f.kind == "query_local":  # G_i (V x_i): W[i, b] = sum_c x_i[c] V[b, c]
         w = torch.einsum("ic,bck->ibk", f.right, v3)
-        return (f.left @ w).reshape(t * d, k)
-    w = torch.einsum("ib,bck->ick", f.left, v3)  # R_i (V^T q_i)
-    return (f.right @ w).reshape(t * d, k)
+        out = (f.left @ w).reshape(t * d, k)
+    else:
+        w = torch.einsum("ib,bck->ick", f.left, v3)  # R_i (V^T q_i)
+        out = (f.right @ w).reshape(t * d, k)
+    if f.low_rank is not None:
+        e, z = _flat(f)
+        out = torch.addmm(out, e, z.reshape(z.shape[0], -1) @ v)
+    return out
 
 
 def apply_t(f: Factored, y: torch.Tensor, d: int) -> torch.Tensor:
@@ -88,5 +133,10 @@ def apply_t(f: Factored, y: torch.Tensor, d: int) -> torch.Tensor:
     t, k = f.left.shape[0], y.shape[1]
     y3 = y.reshape(t, d, k)
     if f.kind == "query_local":  # sum_i x_i[c] (G_i^T y_i)[b]
-        return torch.einsum("ic,ibk->bck", f.right, f.left.transpose(1, 2) @ y3).reshape(-1, k)
-    return torch.einsum("ib,ick->bck", f.left, f.right.transpose(1, 2) @ y3).reshape(-1, k)
+        out = torch.einsum("ic,ibk->bck", f.right, f.left.transpose(1, 2) @ y3).reshape(-1, k)
+    else:
+        out = torch.einsum("ib,ick->bck", f.left, f.right.transpose(1, 2) @ y3).reshape(-1, k)
+    if f.low_rank is not None:
+        e, z = _flat(f)
+        out = torch.addmm(out, z.reshape(z.shape[0], -1).T, e.T @ y)
+    return out

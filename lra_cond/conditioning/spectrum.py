@@ -43,13 +43,18 @@ whose effect is undone exactly:
    same R' without squaring the condition number, ~140 GFLOP at the reference shape).
    ``method="qr"`` takes that route directly.
 
-When every block but V comes as per-token factors (softmax), the whole head never forms its
+When every block but V comes as factors (softmax; normalized, its K with a low-rank
+correction), the whole head never forms its
 rotated rows: the same Gram comes from the factors (``factored``; the value block as a Schur
 complement, the deflation by congruence, ``_factored_head``), the exact rows stay an operator
 (``DeflatedRows``), and because a Schur complement cancels, sigma_min is always taken from the
-exact J by the Rayleigh-Ritz step of 5. A scope with few null directions whose blocks all come as
-factors (next to a family's dense columns or not: linear attention's whole head) has its Gram
-formed from them the same way, without a Schur complement (``_factored_kept``).
+exact J by the Rayleigh-Ritz step of 5 (measured: a normalized-attention head at kappa 2.6e8
+whose Schur-complement sigma_min was 1.8e-3 off, refined to Householder QR's value to 1e-10);
+when that does not settle, the Gram is formed from the exact rows (no cancellation) before
+Householder QR is tried. A scope with few null directions whose blocks all come as factors
+(next to a family's dense columns or not: linear attention's whole head, normalized's Q or K
+alone) has its Gram formed from them the same way, without a Schur complement
+(``_factored_kept``).
 
 If a null value is left that the verified groups do not explain (sigma_min <= rtol * sigma_max),
 the scope falls back to an exact svdvals of J on N^perp and counts the extra nulls.
@@ -440,7 +445,14 @@ def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor
     return sigma_max, sigma_min, inv.vector, top.vector, top.converged and inv.converged
 
 
-def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> tuple[float, bool]:
+@dataclass
+class _Checked:
+    excess: float  # the Gram's error along the sigma_min direction beyond the check's rounding level
+    vouched: bool  # that rounding level is below the tolerance (False: the check cannot tell)
+    error: float  # the Gram's relative error in sigma along that direction, as measured
+
+
+def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> _Checked:
     """How far the factor's inverse Gram is from the exact J's along the sigma_min direction, minus
     the check's own rounding level (> 0: the factor lost sigma_min), and whether that rounding
     level is below the check's tolerance (False: the check cannot vouch for sigma_min).
@@ -454,11 +466,19 @@ def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Te
     w = factor.inverse_gram(u)
     ratio = factor.exact_norm(w) ** 2 / float((u * w).sum())
     noise = 8 * EPS * math.sqrt(vector.numel()) * sigma_max / max(sigma_min, 1e-300)
-    return abs(ratio - 1.0) / 2 - noise - CHECK_RTOL, noise <= CHECK_RTOL
+    error = abs(ratio - 1.0) / 2
+    return _Checked(error - noise - CHECK_RTOL, noise <= CHECK_RTOL, error)
 
 
 REFINE_RTOL = 1e-10  # relative change of sigma_min between Rayleigh-Ritz steps that ends the refinement
-REFINE_AGREE = 1e-3  # the refined sigma_min must be this close to the factor's, else Householder QR
+# The refined sigma_min must lie this close to the factor's (else the next factor is formed),
+# widened by twice the factor's error along its sigma_min vector as the check measured it (capped
+# at REFINE_AGREE_MAX): a Gram's rounding is absolute, so its relative error is largest on the
+# smallest values, and the factor's sigma_min is off by about what the check measures there.
+# Measured: a normalized head whose Schur-complement Gram was off by 1.76e-3 along that vector had
+# its sigma_min refined 1.80e-3 below the factor's, equal to Householder QR's to 1e-10
+REFINE_AGREE = 1e-3
+REFINE_AGREE_MAX = 1e-2
 # An iterate that rises (exact Rayleigh-Ritz never does) by at most this much relative means the
 # rounding floor: at kappa ~1e10 the iterates settle within ~1e-8 and then wander by ~5e-9
 # (measured; Householder QR agrees to 5e-9), never by 1e-10
@@ -466,7 +486,7 @@ REFINE_FLOOR = 1e-7
 
 
 def _refined_sigma_min(
-    factor: _Factor, vector: torch.Tensor, estimate: float, steps: int = 8
+    factor: _Factor, vector: torch.Tensor, estimate: float, steps: int = 8, error: float = 0.0
 ) -> float | None:
     """sigma_min of the exact J, the Cholesky factor only close (~1 GFLOP at the reference shape,
     against ~140 for a Householder QR of the rows): preconditioned Rayleigh-Ritz
@@ -475,8 +495,10 @@ def _refined_sigma_min(
     V = span(w, P r, previous w) (r = J^T J w - rho w). Every iterate is an upper bound on sigma_min
     (Rayleigh-Ritz on a subspace), exact to eps * sigma_max through the SVD of J V, decreasing; it
     stops when it stagnates (REFINE_RTOL) or rises by a rounding step (REFINE_FLOOR). None (take
-    the QR route) when it does neither or ends far from the factor's estimate: the factor then was
-    not a good preconditioner."""
+    the next factor) when it does neither or ends far from the factor's estimate (``error``: the
+    factor's measured error along ``vector``, see REFINE_AGREE): the factor then was not a good
+    preconditioner."""
+    agree = min(REFINE_AGREE + 2 * error, REFINE_AGREE_MAX)
     w = vector[:, None] / vector.norm()
     previous, sigma = None, None
     for _ in range(steps):
@@ -493,7 +515,7 @@ def _refined_sigma_min(
         )
         if settled:
             new_sigma = min(sigma, new_sigma)  # the smaller upper bound
-            return new_sigma if abs(new_sigma - estimate) <= REFINE_AGREE * new_sigma else None
+            return new_sigma if abs(new_sigma - estimate) <= agree * new_sigma else None
         previous, w, sigma = w, new_w, new_sigma
     return None
 
@@ -509,34 +531,44 @@ def _solve(
     null: torch.Tensor | None = None,
     refine: bool = False,
 ) -> Extremes:
-    """``null``: an orthonormal basis of null directions left in the coordinates (regularised in
-    the factor, projected out of every Lanczos and Rayleigh-Ritz vector). ``refine``: take the
-    extremes from the exact J whether or not the check fails (a Gram formed by cancellation)."""
+    """``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
+    orthonormal basis of null directions left in the coordinates (regularised in the factor,
+    projected out of every Lanczos and Rayleigh-Ritz vector). ``refine``: ``g`` was formed by
+    cancellation (a Schur complement): take the extremes from the exact J whether or not the check
+    fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
     reg = None if null is None else torch.linalg.qr(t.apply_t(null[null.shape[0] - t.size :])).Q
-    r, route = _triangular(rows, t, use_qr=method == "qr", g=g, reg=reg)
-    factor = _Factor(rv, c, r, t, rows, route, null)
-    smax, smin, vec, top, converged = _extremes(factor)
-    lost = vouched = False
-    if route == "cholesky":
-        excess, vouched = _check(factor, smax, smin, vec) if smin > rtol * smax else (1.0, True)
-        lost = excess > 0
-    if lost or (route == "cholesky" and (refine or not vouched)):
+    # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
+    # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
+    sources = ["given"] if g is not None else []
+    sources = ["qr"] if method == "qr" else sources + (["rows"] if g is None or refine else []) + ["qr"]
+    for source in sources:
+        r, route = _triangular(rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg)
+        factor = _Factor(rv, c, r, t, rows, route, null)
+        smax, smin, vec, top, converged = _extremes(factor)
+        if route != "cholesky":
+            break
+        checked = _check(factor, smax, smin, vec) if smin > rtol * smax else _Checked(1.0, True, 1.0)
+        lost = checked.excess > 0
+        if not (lost or not checked.vouched or (refine and source == "given")):
+            break
         # the Gram lost sigma_min (or may have): take it from the exact J, the factor as
-        # preconditioner, and recompute the factor by Householder QR only when that does not settle
-        refined = None if smin <= rtol * smax else _refined_sigma_min(factor, vec, smin)
+        # preconditioner, and recompute the factor from the next source when that does not settle
+        refined = None
+        if smin > rtol * smax:
+            refined = _refined_sigma_min(factor, vec, smin, error=checked.error)
         if refined is not None:
             if lost:
                 notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
             # sigma_max too, as the exact J's Rayleigh quotient of the factor's vector: a lower
             # bound whose error is quadratic in the vector's (the factor's own is linear)
             smin, smax = refined, factor.exact_norm(top[:, None])
-        else:
-            why = "lost sigma_min" if lost else "was not refined on the exact J"
-            notes.append(f"the Gram's Cholesky factor {why}: recomputed by Householder QR")
-            factor.r, factor.route = _triangular(rows, t, use_qr=True, reg=reg)
-            smax, smin, vec, _, converged = _extremes(factor)
+            break
+        why = "lost sigma_min" if lost else "was not refined on the exact J"
+        after = sources[sources.index(source) + 1]
+        how = "Householder QR" if after == "qr" else "the Gram of the exact rows"
+        notes.append(f"the Gram's Cholesky factor {why}: recomputed by {how}")
     if not converged:
         notes.append("Lanczos did not converge to 1e-10")
     if smin <= rtol * smax:  # a null direction the verified groups miss: exact values, counted
@@ -571,7 +603,7 @@ def _factored_scope(
     v_perp, v_par, k = _input_rotation(null, d, dim)
     if k != d * v_par.shape[1]:
         return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
-    rotated = Factored(f.kind, f.left, f.right @ v_perp)
+    rotated = factored.preconditioned(f, None, v_perp)  # the input side rotated
     lb, w = factored.output_side(rotated), input_whitening(x @ v_perp)
     pre = factored.preconditioned(rotated, lb, w)
     t = Preconditioner()
@@ -765,8 +797,8 @@ def _factored_head(
     rtol: float,
     method: str,
 ) -> Extremes:
-    """The whole head when every block but V is given as factors (softmax: Q and K), every piece
-    from the factors (the dense route rotates and deflates ~270 MB of rows per head):
+    """The whole head when every block but V is given as factors (softmax, normalized: Q and K),
+    every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
 
     * each block's input side rotated to [V_perp | V_par] (``deflation``), then preconditioned:
       L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
@@ -781,7 +813,7 @@ def _factored_head(
     basis = deflation(null, d, dim, n_b)
     t_d, rotated, pre, l_inv = Preconditioner(), [], [], []
     for f, perp, par in zip(fs, basis.perp, basis.par):
-        rot = Factored(f.kind, f.left, f.right @ torch.cat([perp, par], 1))
+        rot = factored.preconditioned(f, None, torch.cat([perp, par], 1))  # input side rotated
         lb = factored.output_side(rot)
         w_perp = input_whitening(x @ perp) if perp.shape[1] else x.new_zeros(0, 0)
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)

@@ -75,21 +75,45 @@ class Support:
 class Factored:
     """A block that factors per token: ``query_local``: [i, a, b, c] = left[i, a, b] right[i, c]
     (a projection row i's output sees only through its own projection, dA_i = G_i dW x_i);
-    ``outer``: [i, a, b, c] = left[i, b] right[i, a, c] (softmax's keys: q_i[b] R_i[a, c])."""
+    ``outer``: [i, a, b, c] = left[i, b] right[i, a, c] (softmax's keys: q_i[b] R_i[a, c]).
+    ``low_rank`` (E, Z) adds sum_j E[i, a, j] Z[j, b, c], a correction of rank r (E (T, d, r),
+    Z (r, d, D')): normalized attention's keys, whose normalisation couples each key's own
+    direction into every query's row."""
 
     kind: str  # "query_local" | "outer"
     left: torch.Tensor
     right: torch.Tensor
+    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def base(self) -> Factored:
+        """The per-token part alone (without ``low_rank``)."""
+        return self if self.low_rank is None else Factored(self.kind, self.left, self.right)
 
     def dense(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.kind == "query_local":
-            return query_local(self.left, self.right, out)
-        return outer_right(self.left, self.right, out)
+            out = query_local(self.left, self.right, out)
+        else:
+            out = outer_right(self.left, self.right, out)
+        if self.low_rank is not None:
+            e, z = self.low_rank
+            out += (e.reshape(-1, e.shape[-1]) @ z.reshape(z.shape[0], -1)).reshape(out.shape)
+        return out
 
     @staticmethod
     def cat(parts: list[Factored]) -> Factored:
+        """Every sequence's rows; a correction of each stays within its own rows (block diagonal)."""
+        low_rank = None
+        if parts[0].low_rank is not None:
+            es = [p.low_rank[0] for p in parts]  # type: ignore[index]
+            e = es[0].new_zeros(sum(x.shape[0] for x in es), es[0].shape[1], sum(x.shape[2] for x in es))
+            i = j = 0
+            for x in es:
+                e[i : i + x.shape[0], :, j : j + x.shape[2]] = x
+                i, j = i + x.shape[0], j + x.shape[2]
+            low_rank = (e, torch.cat([p.low_rank[1] for p in parts]))  # type: ignore[index]
         return Factored(
-            parts[0].kind, torch.cat([p.left for p in parts]), torch.cat([p.right for p in parts])
+            parts[0].kind, torch.cat([p.left for p in parts]), torch.cat([p.right for p in parts]), low_rank
         )
 
 

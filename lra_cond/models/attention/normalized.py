@@ -79,7 +79,8 @@ class NormalizedAttention(Attention, name="normalized"):
             dA_i/dk_j = P_ij (v~_j - a_i) q^_i^T N(k_j)
                       = P_ij / ||k_j|| (v~_j - a_i) (q^_i - k^_j (k^_j . q^_i))^T
             dA_i/dv_j = P_ij N(v_j) (normalize_v) or P_ij I.
-        The key term splits into a softmax-like outer product and one (N x N) @ (N x d d D') matmul."""
+        The key block is a softmax-like outer product plus a correction of rank L (the sequence's
+        length), given as factors: the probe forms its Gram from them."""
         g = float(self.temperature[inp.h])
         parts: dict[str, list[torch.Tensor]] = {b: [] for b in inp.blocks}
         d = inp.d
@@ -99,12 +100,11 @@ class NormalizedAttention(Attention, name="normalized"):
             if "k" in parts:
                 p1 = p / nk.T  # P_ij / ||k_j||
                 r1 = jac.pair_means(p1, vt, x) - a[:, :, None] * (p1 @ x)[:, None, :]
-                term1 = jac.outer_right(q_hat, r1)
                 c = p1 * (q_hat @ k_hat.T)  # P_ij (k^_j . q^_i) / ||k_j||
-                vkx = jac.pair_means(c, vt, (k_hat[:, :, None] * x[:, None, :]).reshape(len(x), -1))
-                kx = (c @ (k_hat[:, :, None] * x[:, None, :]).reshape(len(x), -1)).reshape(len(x), d, -1)
-                term2 = vkx.reshape(len(x), d, d, -1) - a[:, :, None, None] * kx[:, None]
-                parts["k"].append(term1 - term2)
+                # the second term, sum_j c_ij (v~_j - a_i)[a] k^_j[b] x_j[c], as E Z (rank L)
+                e = -c[:, None, :] * (vt.T[None, :, :] - a[:, :, None])  # [i, a, j]
+                z = k_hat[:, :, None] * x[:, None, :]  # [j, b, c]
+                parts["k"].append(jac.Factored("outer", q_hat, r1, (e, z)))
             if "v" in parts:
                 if self.normalize_v:
                     nv = v.norm(dim=-1, keepdim=True)
