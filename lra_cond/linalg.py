@@ -33,10 +33,27 @@ def null_vectors(m: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     return vh[keep].T
 
 
+def gram(a: torch.Tensor, panels: int = 4) -> torch.Tensor:
+    """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops)."""
+    n = a.shape[1]
+    if n < 512:
+        return a.T @ a
+    edges = [round(i * n / panels) for i in range(panels + 1)]
+    out = torch.empty(n, n, dtype=a.dtype, device=a.device)
+    for i in range(panels):
+        ci = slice(edges[i], edges[i + 1])
+        for j in range(i, panels):
+            cj = slice(edges[j], edges[j + 1])
+            out[ci, cj] = a[:, ci].T @ a[:, cj]
+            if j != i:
+                out[cj, ci] = out[ci, cj].T
+    return out
+
+
 def _independent(m: torch.Tensor, rtol: float) -> torch.Tensor | None:
     """Upper Cholesky factor of m^T m when m's (unit-scaled) columns are independent at ``rtol``
     (every pivot, a column's distance to the span of those before it, above rtol), else None."""
-    chol, info = torch.linalg.cholesky_ex(m.mT @ m, upper=True)
+    chol, info = torch.linalg.cholesky_ex(gram(m), upper=True)
     if int(info) or bool((chol.diagonal() <= rtol).any()):
         return None
     return chol
@@ -63,10 +80,10 @@ def orthonormal_columns(
     if chol is not None:
         q = torch.linalg.solve_triangular(chol, m, upper=True, left=False)
     else:
-        lam, vecs = torch.linalg.eigh(m.mT @ m)
+        lam, vecs = torch.linalg.eigh(gram(m))
         keep = lam > rtol**2
         q = (m @ vecs[:, keep]) / lam[keep].sqrt()
-    chol = torch.linalg.cholesky(q.mT @ q, upper=True)
+    chol = torch.linalg.cholesky(gram(q), upper=True)
     return torch.linalg.solve_triangular(chol, q, upper=True, left=False)
 
 
