@@ -277,6 +277,38 @@ def test_a_schur_complement_gram_that_does_not_refine_is_formed_from_the_exact_r
     assert redone.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
+@pytest.mark.parametrize("family", ["softmax", "normalized"])
+def test_a_factored_head_applies_its_exact_rows_as_one_operator(
+    family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole head's value coupling and rows, applied as one operator through the factors
+    (J u and J^T y), equal the two applied apart and the formed matrix."""
+    from dataclasses import replace
+
+    torch.manual_seed(2)
+    layer = build_attention(family, 8, 2)
+    x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
+    factors, real = [], spectrum._extremes
+
+    def spy(factor):  # noqa: ANN001, ANN202
+        factors.append(factor)
+        return real(factor)
+
+    monkeypatch.setattr(spectrum, "_extremes", spy)
+    jacobian_condition(layer, x, per_block=False)
+    joint = [f for f in factors if f.joint is not None]
+    assert len(joint) == 2  # one per head
+    gen = torch.Generator().manual_seed(0)
+    for f in joint:
+        apart, dense = replace(f, joint=None), f.dense()
+        u = torch.randn(f.n, 3, generator=gen, dtype=torch.float64)
+        y = torch.randn(dense.shape[0], 3, generator=gen, dtype=torch.float64)
+        torch.testing.assert_close(f.exact_apply(u), apart.exact_apply(u), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.exact_apply(u), dense @ u, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(f.exact_apply_t(y), apart.exact_apply_t(y), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.exact_apply_t(y), dense.T @ y, rtol=1e-10, atol=1e-10)
+
+
 def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
     """The refined sigma_min is kept when it is within REFINE_AGREE of the factor's, or within twice
     the factor's error the check measured along its sigma_min vector: a factor whose sigma_min is

@@ -309,12 +309,14 @@ class _Factor:
     With ``null`` (regularised), R^T R = J^T J + N Z N^T: every vector is projected off N."""
 
     rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
-    c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
+    c: torch.Tensor | DeflatedRows | None  # (n_V, n_A) coupling rows of the rest in the value rows
     r: torch.Tensor  # (n_A, n_A) upper triangular R'
     t: Preconditioner
     rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
     route: str
     null: torch.Tensor | None = None  # orthonormal null basis still in the coordinates (regularised)
+    # [C; rows] as one operator, when both come from the same factors (one product instead of two)
+    joint: DeflatedRows | None = None
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
@@ -354,6 +356,10 @@ class _Factor:
     def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J u with the exact (unfactored) rows: [value rows; every row block], (m, k)."""
         ua = u[self.n_v :]
+        if self.joint is not None:
+            out = self.joint @ ua
+            out[: self.n_v] += self.rv[:, None] * u[: self.n_v]
+            return out
         low = [rows @ ua for rows in self.rows]
         if self.rv is not None:
             low.insert(0, self.rv[:, None] * u[: self.n_v] + self.c @ ua)
@@ -361,6 +367,8 @@ class _Factor:
 
     def exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
         """J^T y for y in ``exact_apply``'s row layout."""
+        if self.joint is not None:
+            return torch.cat([self.rv[:, None] * y[: self.n_v], self.joint.T @ y])
         start, out = self.n_v, None
         for rows in self.rows:
             part = rows.T @ y[start : start + rows.shape[0]]
@@ -383,7 +391,9 @@ class _Factor:
         if self.rv is None:
             return a
         zeros = a.new_zeros(a.shape[0], self.n_v)
-        return torch.cat([torch.cat([torch.diag(self.rv), self.c], 1), torch.cat([zeros, a], 1)])
+        return torch.cat(
+            [torch.cat([torch.diag(self.rv), _materialised(self.c)], 1), torch.cat([zeros, a], 1)]
+        )
 
 
 def _triangular(
@@ -419,9 +429,16 @@ def _triangular(
 
 
 def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
-    """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
+    """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor.
+    sigma_max from the exact J when the whole head's rows are one operator through a family's
+    factors (each product then reads a few MB where R, its transpose and the value coupling read
+    ~250 MB at the reference shape: memory-bound), else from R (a block alone: R is the smaller)."""
     dtype, device = factor.r.dtype, factor.r.device
-    top = top_eigenpair(lambda u: factor.rt_apply(factor.r_apply(u)), factor.n, factor.project, dtype, device)
+    if factor.joint is not None:
+        gram_op = lambda u: factor.exact_apply_t(factor.exact_apply(u))  # noqa: E731
+    else:
+        gram_op = lambda u: factor.rt_apply(factor.r_apply(u))  # noqa: E731
+    top = top_eigenpair(gram_op, factor.n, factor.project, dtype, device)
     inv = top_eigenpair(factor.inverse_gram, factor.n, factor.project, dtype, device)
     sigma_max = math.sqrt(max(top.value, 0.0))
     sigma_min = 1.0 / math.sqrt(inv.value) if inv.value > 0 and math.isfinite(inv.value) else 0.0
@@ -513,6 +530,7 @@ def _solve(
     g: torch.Tensor | None = None,
     null: torch.Tensor | None = None,
     refine: bool = False,
+    joint: DeflatedRows | None = None,
 ) -> Extremes:
     """``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
     orthonormal basis of null directions left in the coordinates (regularised in the factor,
@@ -528,7 +546,7 @@ def _solve(
     sources = ["qr"] if method == "qr" else sources + (["rows"] if g is None or refine else []) + ["qr"]
     for source in sources:
         r, route = _triangular(rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg)
-        factor = _Factor(rv, c, r, t, rows, route, null)
+        factor = _Factor(rv, c, r, t, rows, route, null, joint)
         smax, smin, vec, top, converged = _extremes(factor)
         if route != "cholesky":
             break
@@ -790,11 +808,12 @@ def _factored_head(
     * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
       M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
 
-    The exact rows of the check and the refinement are an operator through the factors."""
+    The exact rows (of the check, the refinement and sigma_max) and the value coupling C B are
+    operators through the factors: neither is formed."""
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
     size = d * dim
     basis = deflation(null, d, dim, n_b)
-    t_d, rotated, pre, l_inv = Preconditioner(), [], [], []
+    t_d, pre, l_inv = Preconditioner(), [], []
     for f, perp, par in zip(fs, basis.perp, basis.par):
         rot = factored.preconditioned(f, None, torch.cat([perp, par], 1))  # input side rotated
         lb = factored.output_side(rot)
@@ -802,7 +821,6 @@ def _factored_head(
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
             t_d.add_kron(lb, w_perp)
         inputs = torch.block_diag(w_perp, torch.eye(par.shape[1], dtype=x.dtype, device=x.device))
-        rotated.append(rot)
         pre.append(factored.preconditioned(rot, lb, inputs))
         l_inv.append(torch.linalg.inv(lb))
     g = _cross_grams(pre, size)
@@ -834,13 +852,13 @@ def _factored_head(
     h[n_perp:, n_perp:] = torch.linalg.solve_triangular(
         r_c.T, torch.linalg.solve_triangular(r_c, h0, upper=True, left=False), upper=False
     )
-    c_rot = torch.cat([factored.rows_rotated(f, u[:, :r_y]) for f in rotated], 1)  # C, rotated inputs
-    coupling = torch.cat([c_rot[:, perp_idx], c_rot[:, par_idx] @ basis.comp], 1)  # C B
     rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
+    coupling = DeflatedRows(fs, u[:, :r_y], d, basis)  # C B, an operator too: never formed
     value = (s_y[:r_y].repeat_interleave(d), coupling)
+    joint = DeflatedRows(fs, u, d, basis)  # [C B; rows]: u's columns are [Q_Y | Q_perp]
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
-    return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True)
+    return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
 
 
 def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
