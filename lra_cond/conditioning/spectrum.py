@@ -29,8 +29,9 @@ whose effect is undone exactly:
    (Deflating a block with a non-input-side null, e.g. normalized attention's scale W_Q, would
    turn all of W_Q's row space into dense columns: a Householder pass, a dense preconditioner and
    a triangular solve over every row, ~30% of such a probe.)
-4. **Extremes by block Lanczos** on R^T R (sigma_max^2) and on (R^T R)^{-1} (1/sigma_min^2, by
-   triangular solves: sigma_min keeps its own relative accuracy).
+4. **Extremes by block Lanczos** on R^T R (sigma_max^2; on the exact J^T J instead where a
+   family's factors give the whole head's rows as one cheap operator) and on (R^T R)^{-1}
+   (1/sigma_min^2, by triangular solves: sigma_min keeps its own relative accuracy).
 5. **A check with the exact J.** The Rayleigh quotient ||J u|| / ||u|| of the sigma_min vector
    must match sigma_min (``_check``, to its own rounding level ~eps sqrt(n) kappa). If the Gram
    lost it, or the check is too coarse to tell (kappa above ~1e6), sigma_min is taken from the exact J:
@@ -38,7 +39,8 @@ whose effect is undone exactly:
    from the factor's vector (``_refined_sigma_min``; every iterate an upper bound, exact to
    eps * sigma_max through the SVD of J V, a few steps to 1e-10 or to its rounding floor (an
    iterate that rises: ~5e-9 at kappa 1e10); tested: a factor off by 1e-4
-   gives sigma_min to 1e-8). Only if that does not settle is R' recomputed by Householder QR of
+   gives sigma_min to 1e-8; it may end below the factor's value by what the check measured,
+   REFINE_AGREE). Only if that does not settle is R' recomputed by Householder QR of
    the preconditioned rows (stacked on sqrt(beta) Q_B^T when regularised; backward stable: the
    same R' without squaring the condition number, ~140 GFLOP at the reference shape).
    ``method="qr"`` takes that route directly.
