@@ -106,9 +106,9 @@ def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
         out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
         out = out.permute(0, 2, 1, 3).reshape(r * d, d * p)
     if f.low_rank is not None:  # ((U^T (x) I) E) Z
-        e, z = f.low_rank
+        e, zc = f.low_rank
         ue = (u.T @ e.reshape(t, -1)).reshape(r * d, -1)
-        out = torch.addmm(out, ue, z.reshape(z.shape[0], -1))
+        out = torch.addmm(out, ue, zc.reshape(zc.shape[0], -1))
     return out
 
 

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -320,21 +321,25 @@ class _Factor:
     # [C; rows] as one operator, when both come from the same factors (one product instead of two)
     joint: DeflatedRows | None = None
 
-    def __post_init__(self) -> None:
-        # LAPACK returns R (and QR's Q) column-major, and a product M @ x with a few columns runs
-        # ~3x slower from that layout than from a row-major one on this CPU's BLAS (measured at
-        # n = 3136: 13 against 3.7 ms; M^T @ x is fast from column-major): keep a row-major copy
-        # for the products M @ x, and a transposed one of a dense coupling for C^T @ x
-        self.r_rows = self.r.contiguous()
-        self.null_rows = None if self.null is None else self.null.contiguous()
-        self.c_t = self.c.T.contiguous() if isinstance(self.c, torch.Tensor) else None
+    # LAPACK returns R (and QR's Q) column-major, and a product M @ x with a few columns runs ~3x
+    # slower from that layout than from a row-major one on this CPU's BLAS (measured at n = 3136:
+    # 13 against 3.7 ms; M^T @ x is fast from column-major): row-major copies for the products
+    # M @ x, and a transposed one of a dense coupling for C^T @ x, made on first use
+    @cached_property
+    def _r_rows(self) -> torch.Tensor:
+        return self.r.contiguous()
+
+    @cached_property
+    def _null_rows(self) -> torch.Tensor:
+        return self.null.contiguous()
+
+    @cached_property
+    def _c_t(self) -> torch.Tensor | _Transposed:
+        return self.c.T.contiguous() if isinstance(self.c, torch.Tensor) else self.c.T
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
-        return u if self.null is None else u - self.null_rows @ (self.null.T @ u)
-
-    def _c_t(self, w: torch.Tensor) -> torch.Tensor:  # C^T w
-        return self.c.T @ w if self.c_t is None else self.c_t @ w
+        return u if self.null is None else u - self._null_rows @ (self.null.T @ u)
 
     @property
     def n_v(self) -> int:
@@ -344,9 +349,18 @@ class _Factor:
     def n(self) -> int:
         return self.n_v + self.r.shape[0]
 
+    def gram_apply(self, u: torch.Tensor) -> torch.Tensor:
+        """J^T J u for sigma_max: through the exact J when the whole head's rows are one operator
+        through a family's factors (each product then reads a few MB where R, its transpose and the
+        value coupling read ~250 MB at the reference shape: memory-bound), else as R^T R u (a block
+        alone: R is the smaller)."""
+        if self.joint is not None:
+            return self.exact_apply_t(self.exact_apply(u))
+        return self.rt_apply(self.r_apply(u))
+
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
         ua = u[self.n_v :]
-        low = self.r_rows @ self.t.solve(ua)
+        low = self._r_rows @ self.t.solve(ua)
         if self.rv is None:
             return low
         return torch.cat([self.rv[:, None] * u[: self.n_v] + self.c @ ua, low])
@@ -355,7 +369,7 @@ class _Factor:
         if self.rv is None:
             return self.t.solve_t(self.r.T @ w)
         wv, wa = w[: self.n_v], w[self.n_v :]
-        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(self.r.T @ wa)])
+        return torch.cat([self.rv[:, None] * wv, self._c_t @ wv + self.t.solve_t(self.r.T @ wa)])
 
     def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u
         if self.rv is None:
@@ -363,7 +377,7 @@ class _Factor:
             return self.t.apply(torch.linalg.solve_triangular(self.r, w, upper=True))
         uv, ua = u[: self.n_v], u[self.n_v :]
         wv = uv / self.rv[:, None]
-        wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t(wv)), upper=False)
+        wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t @ wv), upper=False)
         za = self.t.apply(torch.linalg.solve_triangular(self.r, wa, upper=True))
         return torch.cat([(wv - self.c @ za) / self.rv[:, None], za])
 
@@ -391,7 +405,7 @@ class _Factor:
         if self.rv is None:
             return out
         yv = y[: self.n_v]
-        return torch.cat([self.rv[:, None] * yv, self._c_t(yv) + out])
+        return torch.cat([self.rv[:, None] * yv, self._c_t @ yv + out])
 
     def exact_norm(self, u: torch.Tensor) -> float:
         """||J u|| with the exact rows: the check of a factor that lost precision."""
@@ -443,16 +457,9 @@ def _triangular(
 
 
 def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
-    """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor.
-    sigma_max from the exact J when the whole head's rows are one operator through a family's
-    factors (each product then reads a few MB where R, its transpose and the value coupling read
-    ~250 MB at the reference shape: memory-bound), else from R (a block alone: R is the smaller)."""
+    """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
     dtype, device = factor.r.dtype, factor.r.device
-    if factor.joint is not None:
-        gram_op = lambda u: factor.exact_apply_t(factor.exact_apply(u))  # noqa: E731
-    else:
-        gram_op = lambda u: factor.rt_apply(factor.r_apply(u))  # noqa: E731
-    top = top_eigenpair(gram_op, factor.n, factor.project, dtype, device)
+    top = top_eigenpair(factor.gram_apply, factor.n, factor.project, dtype, device)
     inv = top_eigenpair(factor.inverse_gram, factor.n, factor.project, dtype, device)
     sigma_max = math.sqrt(max(top.value, 0.0))
     sigma_min = 1.0 / math.sqrt(inv.value) if inv.value > 0 and math.isfinite(inv.value) else 0.0
@@ -556,8 +563,12 @@ def _solve(
     reg = None if null is None else torch.linalg.qr(t.apply_t(null[null.shape[0] - t.size :])).Q
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
-    sources = ["given"] if g is not None else []
-    sources = ["qr"] if method == "qr" else sources + (["rows"] if g is None or refine else []) + ["qr"]
+    if method == "qr":
+        sources = ["qr"]
+    elif g is None:
+        sources = ["rows", "qr"]
+    else:
+        sources = ["given", "rows", "qr"] if refine else ["given", "qr"]
     for source in sources:
         r, route = _triangular(rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg)
         factor = _Factor(rv, c, r, t, rows, route, null, joint)
