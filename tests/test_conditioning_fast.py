@@ -5,6 +5,7 @@ fallback, block Lanczos) against plain computations, and the per-family null spa
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -549,6 +550,29 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
         closed[rows[:, None], cols[None, :]] = mat
     assert n_params == reference.shape[1]
     torch.testing.assert_close(closed, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
+
+
+@pytest.mark.parametrize("kappa", [1e1, 5e4])
+def test_statistics_block_factor_is_an_orthonormal_row_basis(kappa: float) -> None:
+    """A full-row-rank statistics block's factor (Cholesky QR twice): Q orthonormal to ~eps and
+    mat^T = Q R with R upper triangular, also near the rank test's limit (kappa 5e4: Gram ratio
+    4e-10 > 1e-10), spanning the SVD's row space; a rank-deficient block takes the SVD."""
+    from lra_cond.models.attention.linear import _factor
+
+    gen = torch.Generator().manual_seed(0)
+    left = torch.linalg.qr(torch.randn(40, 40, generator=gen, dtype=torch.float64)).Q
+    right = torch.linalg.qr(torch.randn(150, 40, generator=gen, dtype=torch.float64)).Q
+    mat = left @ torch.diag(torch.logspace(0, -math.log10(kappa), 40, dtype=torch.float64)) @ right.T
+    q, r, u, s = _factor(mat)
+    assert u is None and s is None and r is not None
+    torch.testing.assert_close(q.T @ q, torch.eye(40, dtype=torch.float64), rtol=0, atol=1e-14)
+    torch.testing.assert_close(q @ r, mat.T, rtol=0, atol=1e-14)
+    assert torch.equal(r, torch.triu(r))
+    torch.testing.assert_close(q @ q.T, right @ right.T, rtol=0, atol=1e-12)
+    deficient = mat.clone()
+    deficient[-1] = deficient[0]
+    basis, r, u, s = _factor(deficient)
+    assert r is None and basis.shape[1] == 39
 
 
 def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPatch) -> None:
