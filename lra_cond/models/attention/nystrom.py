@@ -136,7 +136,10 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     one loses digits on the other, measured 3e-11 at 12 iterations against 1e-15 this way).
     ~1 GFLOP at the reference shape (m = 64, n = d = 32) where reverse mode through the iterations
     takes ~51 (measured 0.11 against 0.75 s per head); equal to ``torch.func.jacrev`` of
-    ``iterative_pinv`` to ~1e-15 (tested, also with tied singular values and far from convergence).
+    ``iterative_pinv`` to ~1e-15 of its largest entry, 4e-14 at worst over 72 small softmax
+    matrices and 1-12 iterations (tested to 1e-13, also with tied singular values, a singular A and
+    far from convergence), and within 2e-15 of a 50-digit finite-difference reference (measured on
+    6 x 6 matrices of kappa up to 1.5e4 at 6 and 12 iterations).
     """
     m, n = right.shape
     col, row = a.abs().sum(-2), a.abs().sum(-1)
