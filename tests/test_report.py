@@ -182,6 +182,31 @@ def test_warnings_one_seed_and_config_difference(tmp_path: Path) -> None:
     assert rows["mimetic"][7] == "+0.0% [n/a]"  # one reaching seed per side: no interval
 
 
+def test_warning_when_runs_were_trained_on_different_prepared_data(tmp_path: Path) -> None:
+    """Like configs but another prepare of the data (data_sha256 in metrics.json) is a warning naming
+    the first run on each dataset; one dataset, or runs that predate the hash, are not."""
+    root = tmp_path / "r"
+    a, b = "a" * 64, "b" * 64
+    shas = {("default", 0): a, ("default", 1): a, ("mimetic", 0): b, ("mimetic", 1): None}
+    for (init, seed), sha in shas.items():
+        write_run(root, init, seed, [[100, 0.5 + 0.1 * seed]], 0.5, base_config(init, seed))
+        if sha:
+            path = root / init / f"seed{seed}" / "metrics.json"
+            path.write_text(json.dumps(json.loads(path.read_text()) | {"data_sha256": sha}))
+
+    def data_warnings() -> list[str]:
+        main(["report", str(root)])
+        report = (root / "compare" / "report.md").read_text()
+        return [ln for ln in report.splitlines() if ln.startswith("- **warning:**") and "data_sha256" in ln]
+
+    (warning,) = data_warnings()
+    assert "2 different prepared datasets" in warning
+    assert "`default/seed0` (aaaaaaaaaaaa)" in warning and "`mimetic/seed0` (bbbbbbbbbbbb)" in warning
+    path = root / "mimetic" / "seed0" / "metrics.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"data_sha256": a}))
+    assert data_warnings() == []
+
+
 def test_report_missing_folder_is_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["report", str(tmp_path / "nope")])

@@ -41,6 +41,16 @@ def warnings_for(runs: list[Run]) -> list[str]:
                 f"config of `{r.init}/seed{r.seed}` differs from `{ref.init}/seed{ref.seed}` apart from "
                 f"init and seed: {', '.join(diff)} — the comparison is not like for like."
             )
+    first_on: dict[str, str] = {}  # each prepared dataset (data_sha256) -> the first run on it
+    for r in runs:
+        if r.metrics.get("data_sha256"):
+            first_on.setdefault(r.metrics["data_sha256"], f"`{r.init}/seed{r.seed}`")
+    if len(first_on) > 1:  # same config, another prepare (regenerated or re-downloaded data)
+        names = ", ".join(f"{run} ({sha[:12]})" for sha, run in first_on.items())
+        out.append(
+            f"runs were trained on {len(first_on)} different prepared datasets (data_sha256; first run on "
+            f"each: {names}) — the comparison is not like for like; rerun them on one prepared copy."
+        )
     for r in runs:
         if not r.config:
             out.append(f"`{r.init}/seed{r.seed}` has no config.yaml: its config cannot be checked.")
