@@ -348,23 +348,27 @@ class NystromAttention(Attention, name="nystrom"):
                 parts["v"].append(jac.value_block(p @ x, d))
             if "q" not in parts and "k" not in parts:
                 continue
-            # Psi: d(Z BV) / dA, rows (r', a), columns (r, t); weighted by A (softmax rows of A)
+            # Psi: d(Z BV) / dA [r', a, r, t] through A's softmax rows: dA[r, t] = A[r, t] (ds[r, t] -
+            # sum_t' A[r, t'] ds[r, t']), with the scores s q~_r . k~_t = s x~_r W_Q^T W_K x~_t. Both
+            # blocks contract t first, so the weighted and centred (r, t) tensors are never formed:
+            # Y[r, (r', a), :] = sum_t jz[r', a, r, t] A[r, t] (w[t] - (A w)[r]), w = [K~ | X~]
             jz = pinv_output_jacobian(a, bv, self.pinv_iterations)
-            jw = jz * a[None, None]  # [r', a, r, t]
+            ws = [w for b, w in (("q", k_l), ("k", x_l)) if b in parts]
+            w = torch.cat(ws, 1)
+            weights = a[:, :, None] * (w[None] - (a @ w)[:, None])  # [r, t, :]
+            y = torch.matmul(jz.view(m * d, m, m).transpose(0, 1), weights)  # [r, (r', a), :]
             if "q" in parts:
                 g_f = jac.softmax_query_factor(f, k_l, hv, s)
                 n_b = jac.softmax_query_factor(b, k, v, s)  # (m, d, d)
                 via_b = (n_b[:, :, :, None] * x_l[:, None, None, :]).reshape(m, -1)
-                k1 = jw @ k_l - jw.sum(-1, keepdim=True) * (a @ k_l)[None, None]  # [r', a, r, b]
-                psi = s * torch.einsum("sarb,rc->sabc", k1, x_l)
+                psi = s * torch.einsum("rnb,rc->nbc", y[:, :, :d], x_l)  # [(r', a), b, c]
                 out = _through_landmarks(f, fz, psi, via_b, (length, d, d, -1))
                 parts["q"].append(out.addcmul_(g_f[:, :, :, None], x[:, None, None, :]))  # + query_local
             if "k" in parts:
                 r_f = jac.softmax_key_factor(f, hv, x_l, s)
                 r_b = jac.softmax_key_factor(b, v, x, s)  # (m, d, D')
                 via_b = (q_l[:, None, :, None] * r_b[:, :, None, :]).reshape(m, -1)
-                j_hat = jw - jw.sum(-1, keepdim=True) * a[None, None]  # [r', a, r, t]
-                psi = s * torch.einsum("sart,rb,tc->sabc", j_hat, q_l, x_l)
+                psi = s * torch.einsum("rb,rnc->nbc", q_l, y[:, :, -x_l.shape[1] :])  # [(r', a), b, c]
                 out = _through_landmarks(f, fz, psi, via_b, (length, d, d, -1))
                 parts["k"].append(out.addcmul_(q[:, None, :, None], r_f[:, :, None, :]))  # + outer_right
         return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
