@@ -168,10 +168,8 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
         phi_scale = torch.where(small, _phi_step_dd(phi, phi), _e_step_dd(e, e)) * phi_scale
         phi_dd = phi_step_dd * phi_dd
         g = g * w
-        phi, e = (
-            torch.where(small, phi * _f(phi), 1 - e**3 * (3 + e) / 4),
-            torch.where(small, 1 - phi * _f(phi), e**3 * (3 + e) / 4),
-        )
+        phi_next, e_next = phi * w, e**3 * (3 + e) / 4  # Phi(phi) = phi f(phi), P(e)
+        phi, e = torch.where(small, phi_next, 1 - e_next), torch.where(small, 1 - phi_next, e_next)
     # (g_i + g_j) / (s_i + s_j) -> g'(0) where both are 0 (a singular A)
     g_mean = torch.where(pair > 0, (g[:, None] + g[None, :]) / torch.where(pair > 0, pair, 1.0), g_dd)
     d_minus, d_plus = (g_dd - g_mean) / 2, (g_dd + g_mean) / 2
