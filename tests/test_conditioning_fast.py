@@ -655,6 +655,12 @@ def test_factored_products_equal_the_dense_block() -> None:
             torch.testing.assert_close(factored.cross_gram(f, g), j.T @ k, rtol=1e-12, atol=1e-12)
         pre = factored.preconditioned(f, lb, w).dense().reshape(t * d, -1)
         torch.testing.assert_close(pre, j @ torch.kron(lb, w), rtol=1e-12, atol=1e-12)
+        # blocks of different input widths (a rotated block's perp and par coordinates)
+        narrow, w_narrow = factored.preconditioned(f, lb, w[:, :3]), torch.kron(lb, w[:, :3])
+        for g, k in zip(blocks, dense):
+            got = factored.cross_gram(narrow, g)
+            torch.testing.assert_close(got, (j @ w_narrow).T @ k, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(factored.cross_gram(g, narrow), got.T, rtol=1e-12, atol=1e-12)
         out = factored.output_side(f)  # whitens sum over rows and c of J[., (b, c)] J[., (b', c)]
         side = torch.einsum("nbc,nec->be", j.reshape(-1, d, p), j.reshape(-1, d, p))
         torch.testing.assert_close(out.T @ side @ out, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-9)

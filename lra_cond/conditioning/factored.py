@@ -55,35 +55,40 @@ def _flat(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
     return e.reshape(-1, e.shape[-1]), z
 
 
-def _kron_layout(m: torch.Tensor, d: int, p: int) -> torch.Tensor:
+def _kron_layout(m: torch.Tensor, d: int, p1: int, p2: int) -> torch.Tensor:
     """[(b, b'), (c, c')] -> [(b, c), (b', c')]."""
-    return m.reshape(d, d, p, p).permute(0, 2, 1, 3).reshape(d * p, d * p)
+    return m.reshape(d, d, p1, p2).permute(0, 2, 1, 3).reshape(d * p1, d * p2)
 
 
 def _base_cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
     t, d = f1.left.shape[0], f1.left.shape[-1]
-    p = f1.right.shape[-1]
+    p1, p2 = f1.right.shape[-1], f2.right.shape[-1]  # the blocks' input widths may differ
     if f1.kind == "outer" and f2.kind == "query_local":
         return _base_cross_gram(f2, f1).T
     if f1.kind == f2.kind == "query_local":  # sum_i (G_i^T G'_i)[b, b'] x_i[c] x'_i[c']
         left = (f1.left.transpose(1, 2) @ f2.left).reshape(t, d * d)
-        right = (f1.right[:, :, None] * f2.right[:, None, :]).reshape(t, p * p)
-        return _kron_layout(left.T @ right, d, p)
+        right = (f1.right[:, :, None] * f2.right[:, None, :]).reshape(t, p1 * p2)
+        return _kron_layout(left.T @ right, d, p1, p2)
     if f1.kind == f2.kind == "outer":  # sum_i q_i[b] q'_i[b'] (R_i^T R'_i)[c, c']
         left = (f1.left[:, :, None] * f2.left[:, None, :]).reshape(t, d * d)
-        right = (f1.right.transpose(1, 2) @ f2.right).reshape(t, p * p)
-        return _kron_layout(left.T @ right, d, p)
+        right = (f1.right.transpose(1, 2) @ f2.right).reshape(t, p1 * p2)
+        return _kron_layout(left.T @ right, d, p1, p2)
     # query_local x outer: sum_i M_i[b, c'] x_i[c] q'_i[b'], M_i = G_i^T R'_i
-    m = (f1.left.transpose(1, 2) @ f2.right).reshape(t, d * p)  # [i, (b, c')]
-    n = (f1.right[:, :, None] * f2.left[:, None, :]).reshape(t, p * d)  # [i, (c, b')]
-    return (m.T @ n).reshape(d, p, p, d).permute(0, 2, 3, 1).reshape(d * p, d * p)
+    m = (f1.left.transpose(1, 2) @ f2.right).reshape(t, d * p2)  # [i, (b, c')]
+    n = (f1.right[:, :, None] * f2.left[:, None, :]).reshape(t, p1 * d)  # [i, (c, b')]
+    return (m.T @ n).reshape(d, p2, p1, d).permute(0, 2, 3, 1).reshape(d * p1, d * p2)
 
 
 def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
-    """J1^T J2 over all tokens, (d p) x (d p). With corrections J = B + E Z:
+    """J1^T J2 over all tokens, (d p1) x (d p2). With corrections J = B + E Z:
     B1^T B2 + Z1^T (B2^T E1)^T + (J1^T E2) Z2."""
     g = _base_cross_gram(f1.base, f2.base)
     d = f1.left.shape[-1]
+    if f1 is f2 and f1.low_rank is not None:  # J^T J = B^T B + V Z + (V Z)^T, V = B^T E + Z^T E^T E / 2
+        e, z = _flat(f1)
+        z2 = z.reshape(z.shape[0], -1)
+        vz = torch.addmm(apply_t(f1.base, e, d), z2.T, e.T @ e, alpha=0.5) @ z2
+        return g + vz + vz.T
     if f1.low_rank is not None:
         e1, z1 = _flat(f1)
         g = g + z1.reshape(z1.shape[0], -1).T @ apply_t(f2.base, e1, d).T

@@ -67,6 +67,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 
 import torch
 
@@ -713,10 +714,14 @@ class Deflation:
     def n(self) -> int:
         return sum(self.d * p.shape[1] for p in self.perp) + self.comp.shape[1]
 
+    @cached_property
+    def _comp_rows(self) -> torch.Tensor:  # row-major, for comp @ v (see ``_Factor``)
+        return self.comp.contiguous()
+
     def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
         d, k = self.d, v.shape[1]
         n_perp = sum(d * p.shape[1] for p in self.perp)
-        par = self.comp @ v[n_perp:]
+        par = self._comp_rows @ v[n_perp:]
         out, col, pcol = [], 0, 0
         for perp, par_in in zip(self.perp, self.par):
             wp, ws = d * perp.shape[1], d * par_in.shape[1]
@@ -766,25 +771,31 @@ def _materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
     return rows.dense() if isinstance(rows, DeflatedRows) else rows
 
 
-def _cross_grams(pre: list[Factored], size: int, columns: torch.Tensor | None = None) -> torch.Tensor:
-    """[J_1 .. J_n | D]^T [J_1 .. J_n | D] for factored blocks J_b (each ``size`` columns) and
-    optional dense columns D, every block J_b^T J_b' and J_b^T D through the factors."""
-    n_f = len(pre) * size
-    n = n_f + (0 if columns is None else columns.shape[1])
-    g = pre[0].left.new_empty(n, n)
-    for i, fi in enumerate(pre):
-        rows = slice(i * size, (i + 1) * size)
-        for j in range(i, len(pre)):
-            block = factored.cross_gram(fi, pre[j])
-            g[rows, j * size : (j + 1) * size] = block
-            if j != i:
-                g[j * size : (j + 1) * size, rows] = block.T
-        if columns is not None:
-            g[rows, n_f:] = factored.apply_t(fi, columns, fi.left.shape[-1])
-            g[n_f:, rows] = g[rows, n_f:].T
-    if columns is not None:
-        g[n_f:, n_f:] = gram(columns)
+def _block_grams(fs1: list[Factored], fs2: list[Factored] | None, like: torch.Tensor) -> torch.Tensor:
+    """[J_1 .. J_n]^T [J'_1 .. J'_m] for factored blocks (any input widths), every pair through the
+    factors; ``fs2`` None: the Gram of ``fs1`` (each off-diagonal pair once)."""
+    sym = fs2 is None
+    fs2 = fs1 if fs2 is None else fs2
+    off1, off2 = ([0, *accumulate(f.left.shape[-1] * f.right.shape[-1] for f in fs)] for fs in (fs1, fs2))
+    g = like.new_empty(off1[-1], off2[-1])
+    for i, fi in enumerate(fs1):
+        rows = slice(off1[i], off1[i + 1])
+        for j in range(i if sym else 0, len(fs2)):
+            cols = slice(off2[j], off2[j + 1])
+            g[rows, cols] = factored.cross_gram(fi, fs2[j])
+            if sym and j != i:
+                g[cols, rows] = g[rows, cols].T
     return g
+
+
+def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> torch.Tensor:
+    """[J_1 .. J_n | D]^T [J_1 .. J_n | D] for factored blocks J_b and optional dense columns D,
+    every block J_b^T J_b' and J_b^T D through the factors."""
+    g = _block_grams(pre, None, pre[0].left)
+    if columns is None:
+        return g
+    across = torch.cat([factored.apply_t(f, columns, f.left.shape[-1]) for f in pre])
+    return torch.cat([torch.cat([g, across], 1), torch.cat([across.T, gram(columns)], 1)])
 
 
 def _factored_kept(
@@ -809,7 +820,7 @@ def _factored_kept(
         scaled = torch.linalg.solve_triangular(r, columns, upper=True, left=False)
     identity = deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
     rows = [DeflatedRows(fs, None, d, identity, columns)]
-    return rows, t, _cross_grams(pre, d * dim, scaled)
+    return rows, t, _cross_grams(pre, scaled)
 
 
 def _factored_head(
@@ -836,42 +847,35 @@ def _factored_head(
     The exact rows (of the check, the refinement and sigma_max) and the value coupling C B are
     operators through the factors: neither is formed."""
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
-    size = d * dim
     basis = deflation(null, d, dim, n_b)
-    t_d, pre, l_inv = Preconditioner(), [], []
+    n_c, pcol = basis.comp.shape[1], 0
+    # each block split by input side into its perp and its par coordinates, as separate factors
+    # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
+    # below lands in that layout, no columns gathered
+    t_d, perp_fs, par_fs, m_par = Preconditioner(), [], [], []
     for f, perp, par in zip(fs, basis.perp, basis.par):
-        rot = factored.preconditioned(f, None, torch.cat([perp, par], 1))  # input side rotated
-        lb = factored.output_side(rot)
-        w_perp = input_whitening(x @ perp) if perp.shape[1] else x.new_zeros(0, 0)
+        lb = factored.output_side(f)  # a sum over the inputs: any rotation of them keeps it
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
+            w_perp = input_whitening(x @ perp)
             t_d.add_kron(lb, w_perp)
-        inputs = torch.block_diag(w_perp, torch.eye(par.shape[1], dtype=x.dtype, device=x.device))
-        pre.append(factored.preconditioned(rot, lb, inputs))
-        l_inv.append(torch.linalg.inv(lb))
-    g = _cross_grams(pre, size)
-    top = torch.cat([factored.rows_rotated(f, u[:, :r_y]) for f in pre], 1)  # C' = C T
-    # coordinates (block, b, c): the perp ones first, then the par ones, as in ``Deflation``
-    idx = torch.arange(n_b * size, device=x.device).reshape(n_b, d, dim)
-    widths = [p.shape[1] for p in basis.perp]
-    perp_idx = torch.cat([idx[i, :, :w].reshape(-1) for i, w in enumerate(widths)])
-    par_idx = torch.cat([idx[i, :, w:].reshape(-1) for i, w in enumerate(widths)])
-    n_c, pcol, m_par = basis.comp.shape[1], 0, []
-    for li, par in zip(l_inv, basis.par):  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
-        ws = d * par.shape[1]
-        m_par.append((li @ basis.comp[pcol : pcol + ws].reshape(d, -1)).reshape(ws, n_c))
+            perp_fs.append(factored.preconditioned(f, lb, perp @ w_perp))
+        par_fs.append(factored.preconditioned(f, lb, par))
+        ws = d * par.shape[1]  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
+        m_par.append((torch.linalg.inv(lb) @ basis.comp[pcol : pcol + ws].reshape(d, -1)).reshape(ws, n_c))
         pcol += ws
     m_par = torch.cat(m_par)
-    n_perp = perp_idx.numel()
-    # the Schur complement on the deflated coordinates: C' M has ~3/4 of C''s columns
-    s_top = gram(torch.cat([top[:, perp_idx], top[:, par_idx] @ m_par], 1))
-    g_par = g[:, par_idx]
-    gm_par, gm_perp = g_par[par_idx] @ m_par, g_par[perp_idx] @ m_par - s_top[:n_perp, n_perp:]
-    h0 = m_par.T @ gm_par - s_top[n_perp:, n_perp:]  # the complement's own Gram, for its whitening
+    n_perp = sum(d * f.right.shape[-1] for f in perp_fs)
+    # C' = C T on the perp coordinates and C' M on the complement; the Schur complement's pieces
+    top_perp = _rows_rotated(perp_fs, u[:, :r_y], d)
+    top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
+    gm_par = _block_grams(par_fs, None, x) @ m_par
+    gm_perp = _block_grams(perp_fs, par_fs, x) @ m_par - top_perp.T @ top_c
+    h0 = m_par.T @ gm_par - gram(top_c)  # the complement's own Gram, for its whitening
     eye = torch.eye(n_c, dtype=x.dtype, device=x.device)
     r_c = torch.linalg.cholesky_ex(h0 + 1e-10 * float(h0.diagonal().mean()) * eye, upper=True)[0]
     t_d.add_dense(r_c)
-    h = g.new_empty(n_perp + n_c, n_perp + n_c)
-    h[:n_perp, :n_perp] = g[perp_idx][:, perp_idx] - s_top[:n_perp, :n_perp]
+    h = x.new_empty(n_perp + n_c, n_perp + n_c)
+    h[:n_perp, :n_perp] = _block_grams(perp_fs, None, x) - gram(top_perp)
     h[:n_perp, n_perp:] = torch.linalg.solve_triangular(r_c, gm_perp, upper=True, left=False)
     h[n_perp:, :n_perp] = h[:n_perp, n_perp:].T
     h[n_perp:, n_perp:] = torch.linalg.solve_triangular(
@@ -884,6 +888,13 @@ def _factored_head(
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
     return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
+
+
+def _rows_rotated(fs: list[Factored], u: torch.Tensor, d: int) -> torch.Tensor:
+    """(U^T (x) I_d) [J_1 .. J_n] for factored blocks (possibly none)."""
+    if not fs:
+        return u.new_zeros(u.shape[1] * d, 0)
+    return torch.cat([factored.rows_rotated(f, u) for f in fs], 1)
 
 
 def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
