@@ -33,6 +33,16 @@ def null_vectors(m: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     return vh[keep].T
 
 
+def matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """m @ v for a matrix applied to a few columns, as fast from a column-major m (LAPACK's factors,
+    the transpose of a row-major one) as from a row-major one: this CPU's BLAS runs m @ v ~3x slower
+    from column-major (measured at n = 3136, 6 columns: 9.7 against 3.0 ms) and a row-major copy
+    costs ~16 products; (v^T m^T)^T reads the same memory row by row."""
+    if m.stride(0) == 1 and m.stride(1) != 1:
+        return (v.T @ m.T).T
+    return m @ v
+
+
 def gram(a: torch.Tensor, panels: int = 4) -> torch.Tensor:
     """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops)."""
     n = a.shape[1]

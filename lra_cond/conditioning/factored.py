@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from lra_cond.linalg import matvec
 from lra_cond.models.attention.jacobian import Factored
 
 
@@ -143,5 +144,5 @@ def apply_t(f: Factored, y: torch.Tensor, d: int) -> torch.Tensor:
         out = torch.einsum("ib,ick->bck", f.left, f.right.transpose(1, 2) @ y3).reshape(-1, k)
     if f.low_rank is not None:
         e, z = _flat(f)
-        out = torch.addmm(out, z.reshape(z.shape[0], -1).T, e.T @ y)
+        out = torch.addmm(out, z.reshape(z.shape[0], -1).T, matvec(e.T, y))
     return out

@@ -66,14 +66,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from itertools import accumulate
 
 import torch
 
 from lra_cond.conditioning import factored
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.linalg import RANK_RTOL, gram, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored
 
 EPS = torch.finfo(torch.float64).eps
@@ -140,7 +139,7 @@ class Preconditioner:
         self.parts.append(("kron", lb.shape[0] * w.shape[0], (lb, w, *inverses)))
 
     def add_dense(self, r: torch.Tensor) -> None:
-        self.parts.append(("dense", r.shape[0], (r, r.contiguous())))  # row-major: see _Factor
+        self.parts.append(("dense", r.shape[0], (r,)))
 
     @property
     def size(self) -> int:
@@ -178,13 +177,13 @@ class Preconditioner:
 
     def solve(self, v: torch.Tensor) -> torch.Tensor:  # T^{-1} v
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
-            return self._kron(mats[2], mats[3], x) if kind == "kron" else mats[1] @ x
+            return self._kron(mats[2], mats[3], x) if kind == "kron" else matvec(mats[0], x)
 
         return self._each(v, fn)
 
     def solve_t(self, v: torch.Tensor) -> torch.Tensor:  # T^{-T} v
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
-            return self._kron(mats[2].T, mats[3].T, x) if kind == "kron" else mats[0].T @ x
+            return self._kron(mats[2].T, mats[3].T, x) if kind == "kron" else matvec(mats[0].T, x)
 
         return self._each(v, fn)
 
@@ -322,25 +321,14 @@ class _Factor:
     # [C; rows] as one operator, when both come from the same factors (one product instead of two)
     joint: DeflatedRows | None = None
 
-    # LAPACK returns R (and QR's Q) column-major, and a product M @ x with a few columns runs ~3x
-    # slower from that layout than from a row-major one on this CPU's BLAS (measured at n = 3136:
-    # 13 against 3.7 ms; M^T @ x is fast from column-major): row-major copies for the products
-    # M @ x, and a transposed one of a dense coupling for C^T @ x, made on first use
-    @cached_property
-    def _r_rows(self) -> torch.Tensor:
-        return self.r.contiguous()
-
-    @cached_property
-    def _null_rows(self) -> torch.Tensor:
-        return self.null.contiguous()
-
-    @cached_property
-    def _c_t(self) -> torch.Tensor | _Transposed:
-        return self.c.T.contiguous() if isinstance(self.c, torch.Tensor) else self.c.T
+    # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
+    # ``matvec``, which reads either layout at row-major speed without a copy
+    def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
+        return _product(self.c.T, y)
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
-        return u if self.null is None else u - self._null_rows @ (self.null.T @ u)
+        return u if self.null is None else u - matvec(self.null, matvec(self.null.T, u))
 
     @property
     def n_v(self) -> int:
@@ -361,16 +349,16 @@ class _Factor:
 
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
         ua = u[self.n_v :]
-        low = self._r_rows @ self.t.solve(ua)
+        low = matvec(self.r, self.t.solve(ua))
         if self.rv is None:
             return low
-        return torch.cat([self.rv[:, None] * u[: self.n_v] + self.c @ ua, low])
+        return torch.cat([self.rv[:, None] * u[: self.n_v] + _product(self.c, ua), low])
 
     def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
         if self.rv is None:
-            return self.t.solve_t(self.r.T @ w)
+            return self.t.solve_t(matvec(self.r.T, w))
         wv, wa = w[: self.n_v], w[self.n_v :]
-        return torch.cat([self.rv[:, None] * wv, self._c_t @ wv + self.t.solve_t(self.r.T @ wa)])
+        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(matvec(self.r.T, wa))])
 
     def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u
         if self.rv is None:
@@ -378,9 +366,9 @@ class _Factor:
             return self.t.apply(torch.linalg.solve_triangular(self.r, w, upper=True))
         uv, ua = u[: self.n_v], u[self.n_v :]
         wv = uv / self.rv[:, None]
-        wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t @ wv), upper=False)
+        wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t(wv)), upper=False)
         za = self.t.apply(torch.linalg.solve_triangular(self.r, wa, upper=True))
-        return torch.cat([(wv - self.c @ za) / self.rv[:, None], za])
+        return torch.cat([(wv - _product(self.c, za)) / self.rv[:, None], za])
 
     def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J u with the exact (unfactored) rows: [value rows; every row block], (m, k)."""
@@ -389,9 +377,9 @@ class _Factor:
             out = self.joint @ ua
             out[: self.n_v] += self.rv[:, None] * u[: self.n_v]
             return out
-        low = [rows @ ua for rows in self.rows]
+        low = [_product(rows, ua) for rows in self.rows]
         if self.rv is not None:
-            low.insert(0, self.rv[:, None] * u[: self.n_v] + self.c @ ua)
+            low.insert(0, self.rv[:, None] * u[: self.n_v] + _product(self.c, ua))
         return torch.cat(low)
 
     def exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
@@ -400,13 +388,13 @@ class _Factor:
             return torch.cat([self.rv[:, None] * y[: self.n_v], self.joint.T @ y])
         start, out = self.n_v, None
         for rows in self.rows:
-            part = rows.T @ y[start : start + rows.shape[0]]
+            part = _product(rows.T, y[start : start + rows.shape[0]])
             out = part if out is None else out + part
             start += rows.shape[0]
         if self.rv is None:
             return out
         yv = y[: self.n_v]
-        return torch.cat([self.rv[:, None] * yv, self._c_t @ yv + out])
+        return torch.cat([self.rv[:, None] * yv, self._c_t(yv) + out])
 
     def exact_norm(self, u: torch.Tensor) -> float:
         """||J u|| with the exact rows: the check of a factor that lost precision."""
@@ -694,7 +682,7 @@ class _Transposed:
         back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
         d = self.rows.d
         out = self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
-        return out if self.rows.columns is None else torch.cat([out, self.rows.columns.T @ back])
+        return out if self.rows.columns is None else torch.cat([out, matvec(self.rows.columns.T, back)])
 
 
 @dataclass
@@ -714,14 +702,10 @@ class Deflation:
     def n(self) -> int:
         return sum(self.d * p.shape[1] for p in self.perp) + self.comp.shape[1]
 
-    @cached_property
-    def _comp_rows(self) -> torch.Tensor:  # row-major, for comp @ v (see ``_Factor``)
-        return self.comp.contiguous()
-
     def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
         d, k = self.d, v.shape[1]
         n_perp = sum(d * p.shape[1] for p in self.perp)
-        par = self._comp_rows @ v[n_perp:]
+        par = matvec(self.comp, v[n_perp:])
         out, col, pcol = [], 0, 0
         for perp, par_in in zip(self.perp, self.par):
             wp, ws = d * perp.shape[1], d * par_in.shape[1]
@@ -739,7 +723,7 @@ class Deflation:
             perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
             pars.append(torch.einsum("cj,ack->ajk", par_in, block).reshape(-1, k))
             start += d * perp.shape[0]
-        return torch.cat([*perps, self.comp.T @ torch.cat(pars)])
+        return torch.cat([*perps, matvec(self.comp.T, torch.cat(pars))])
 
 
 def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
@@ -765,6 +749,11 @@ def _complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     eye = torch.zeros(n, n - k, dtype=reflectors.dtype, device=reflectors.device)
     eye[k:] = torch.eye(n - k, dtype=reflectors.dtype, device=reflectors.device)
     return torch.ormqr(reflectors, tau, eye, left=True, transpose=False)
+
+
+def _product(m: torch.Tensor | DeflatedRows | _Transposed, v: torch.Tensor) -> torch.Tensor:
+    """m @ v for a dense matrix (either layout, ``matvec``) or an operator."""
+    return matvec(m, v) if isinstance(m, torch.Tensor) else m @ v
 
 
 def _materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
