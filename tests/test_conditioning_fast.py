@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lra_cond.conditioning.spectrum as spectrum
+from lra_cond import linalg
 from lra_cond.conditioning import jacobian_condition
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.conditioning.linearised import linearise
@@ -386,6 +387,16 @@ def test_preconditioner_pieces_are_consistent() -> None:
 def test_gram_is_a_transpose_a() -> None:
     a = torch.randn(50, 700, dtype=torch.float64)
     torch.testing.assert_close(spectrum.gram(a), a.T @ a)
+
+
+def test_matvec_is_m_v_from_either_layout() -> None:
+    m = torch.randn(40, 30, dtype=torch.float64)
+    col_major = m.T.contiguous().T  # LAPACK's layout
+    assert col_major.stride() == (1, 40)
+    v, y = torch.randn(30, 3, dtype=torch.float64), torch.randn(40, 2, dtype=torch.float64)
+    for mat in (m, col_major):
+        torch.testing.assert_close(linalg.matvec(mat, v), m @ v, rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(linalg.matvec(mat.T, y), m.T @ y, rtol=1e-14, atol=1e-14)
 
 
 def test_block_lanczos_finds_the_top_eigenpair() -> None:
