@@ -55,6 +55,33 @@ def test_closed_form_equals_forward_mode(family: str, options: dict, blocks: str
         torch.testing.assert_close(closed, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
 
 
+@pytest.mark.parametrize("family", ["softmax", "normalized", "linear", "nystrom"])
+@pytest.mark.parametrize("closed_form", [True, False], ids=["closed-form", "forward-mode"])
+def test_head_jacobian_operator_equals_its_dense_matrix(family: str, closed_form: bool) -> None:
+    """J v through the blocks as the family gave them (factors, the value block as Y, dense blocks)
+    and the columns formed on demand equal the whole dense matrix's."""
+    torch.manual_seed(3)
+    layer = build_attention(family, 8, 2, **({"num_landmarks": 4} if family == "nystrom" else {}))
+    x, mask = padded_input(3, 2, 12, 8)
+    probe = linearise(layer, layer_norm(x) + 0.1, mask, "qkv")
+    op = probe.head_jacobian_operator(1, closed_form)
+    full = probe.ad_head_jacobian(1)
+    size = op.size
+    assert op.shape == full.shape
+    if closed_form and family != "nystrom":  # nystrom's Q and K come dense
+        assert set(op.factors) == {"q", "k"} - ({"k"} if family == "linear" else set())
+        assert op.value_factor() is not None
+    v = torch.randn(full.shape[1], 3, dtype=torch.float64)
+    tol = {"rtol": 0, "atol": 1e-12 * float(full.abs().max())}
+    torch.testing.assert_close(op.apply(v, ("q", "k", "v")), full @ v, **tol)
+    torch.testing.assert_close(op.apply(v[size:], ("k", "v")), full[:, size:] @ v[size:], **tol)
+    torch.testing.assert_close(
+        op.columns(["q", "v"]), torch.cat([full[:, :size], full[:, 2 * size :]], 1), **tol
+    )
+    torch.testing.assert_close(op.block("k"), full[:, size : 2 * size], **tol)
+    torch.testing.assert_close(op.dense(), full, **tol)
+
+
 def test_every_family_has_a_closed_form() -> None:
     """A family without one falls back to forward-mode AD, ~50x slower at the reference shape."""
     x = torch.randn(1, 30, 8, dtype=torch.float64)

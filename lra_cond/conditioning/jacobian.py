@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.linearised import LinearisedLayer, linearise
 from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
 from lra_cond.conditioning.spectrum import Extremes, NullGroup, ScopeNull, head_spectra
@@ -137,7 +138,7 @@ class _Reduction:
     kron: list[str]  # the scope's other blocks, unchanged
     support_blocks: list[str]
     p: torch.Tensor  # (n_S, r) orthonormal
-    kron_cols: torch.Tensor  # (T*d, n_kron)
+    jac: HeadJacobian  # the kron blocks' products go through it (no columns formed)
     support_cols: torch.Tensor  # (T*d, n_S): J_S
     dense: torch.Tensor  # J_S P
     order: list[str]  # the scope's blocks, in order
@@ -147,9 +148,14 @@ class _Reduction:
     def removed(self) -> int:
         return self.p.shape[0] - self.p.shape[1]
 
+    @property
+    def n_kron(self) -> int:
+        return len(self.kron) * self.size
+
     def apply(self, v: torch.Tensor) -> torch.Tensor:  # v in the reduced layout [kron, dense]
-        n = self.kron_cols.shape[1]
-        return self.kron_cols @ v[:n] + self.dense @ v[n:]
+        n = self.n_kron
+        out = self.dense @ v[n:]
+        return out + self.jac.apply(v[:n], self.kron) if self.kron else out
 
     def _split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The scope's original layout -> (kron rows, support rows)."""
@@ -182,28 +188,14 @@ class _Reduction:
         return float(diff.norm()) <= ACCEPT_RTOL * gain * float(y.norm())
 
 
-def _columns_of(jac: torch.Tensor, blocks: tuple[str, ...], wanted: list[str], size: int) -> torch.Tensor:
-    """The columns of ``wanted`` blocks of a head Jacobian: a view when they are adjacent (no copy of
-    T d x n entries), else a concatenation."""
-    idx = [blocks.index(b) for b in wanted]
-    if not idx:
-        return jac[:, :0]
-    if idx == list(range(idx[0], idx[0] + len(idx))):
-        return jac[:, idx[0] * size : (idx[-1] + 1) * size]
-    return torch.cat([jac[:, i * size : (i + 1) * size] for i in idx], 1)
-
-
-def _reduce(
-    jac: torch.Tensor, blocks: tuple[str, ...], sb: tuple[str, ...], size: int, support: Support | None
-) -> _Reduction | None:
+def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support | None) -> _Reduction | None:
     if support is None:
         return None
     kron = [b for b in sb if b not in support.blocks]
-    kron_cols = _columns_of(jac, blocks, kron, size)
-    support_cols = _columns_of(jac, blocks, list(support.blocks), size)
+    support_cols = jac.columns(list(support.blocks))
     dense = support.columns if support.columns is not None else support_cols @ support.p
     return _Reduction(
-        support.name, kron, list(support.blocks), support.p, kron_cols, support_cols, dense, list(sb), size
+        support.name, kron, list(support.blocks), support.p, jac, support_cols, dense, list(sb), size
     )
 
 
@@ -274,19 +266,17 @@ def jacobian_condition(
         result.notes.append(f"input rows span {probe.dim - w0.shape[1]} of {probe.dim} dimensions")
 
     heads = range(probe.num_heads)
-    jacs, factors = zip(*(probe.head_jacobian_and_factors(h) for h in heads))
+    jacs = [probe.head_jacobian_operator(h) for h in heads]
     size = probe.block_size
     scopes = {"all": probe.blocks, **({b: (b,) for b in probe.blocks} if per_block else {})}
     nulls: list[dict[str, ScopeNull]] = [{} for _ in heads]
     group_ranks: dict[str, int] = {}
     for scope, sb in scopes.items():
-        i0 = probe.blocks.index(sb[0])
-        cols = slice(i0 * size, (i0 + len(sb)) * size)  # a scope's blocks are contiguous
         supports = [probe.layer.jacobian_support(probe.head_inputs(h, sb)) for h in heads]
-        reduced = [_reduce(jacs[h], probe.blocks, sb, size, s) for h, s in enumerate(supports)]
+        reduced = [_reduce(jacs[h], sb, size, s) for h, s in enumerate(supports)]
 
-        def apply(h: int, v: torch.Tensor, cols: slice = cols, reduced: list = reduced) -> torch.Tensor:
-            return jacs[h][:, cols] @ v if reduced[h] is None else reduced[h].apply(v)
+        def apply(h: int, v: torch.Tensor, sb: tuple = sb, reduced: list = reduced) -> torch.Tensor:
+            return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h].apply(v)
 
         def transform(h: int, v: torch.Tensor, reduced: list = reduced) -> torch.Tensor:
             return v if reduced[h] is None else reduced[h].coordinates(v)
@@ -294,7 +284,7 @@ def jacobian_condition(
         groups, _ = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
         for h in heads:
             red = reduced[h]
-            width = len(sb) * size if red is None else red.kron_cols.shape[1] + red.dense.shape[1]
+            width = len(sb) * size if red is None else red.n_kron + red.dense.shape[1]
             null, added = _scope_null(groups[h], width, probe.x)
             if red is not None:
                 if not red.verified():
@@ -321,15 +311,14 @@ def jacobian_condition(
                     nulls[h],
                     rtol,
                     method,
-                    factors[h],
+                    jacs[h].factors,
                 )
             )
     for scope, sb in scopes.items():
         expected = sum(nulls[h][scope].basis.shape[1] + nulls[h][scope].reduced for h in heads)
         n_params = probe.num_heads * len(sb) * size
         if method == "dense":
-            i0 = probe.blocks.index(sb[0])
-            s = torch.cat([svdvals(j[:, i0 * size : (i0 + len(sb)) * size]) for j in jacs])
+            s = torch.cat([svdvals(j.columns(sb)) for j in jacs])
             smax, smin, n_null = spectrum_cut(s, rtol)
             summary = SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params)
         else:

@@ -19,9 +19,10 @@ import torch.autograd.forward_ad as fwAD
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
+from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.jacobian import BLOCKS, Factored, HeadInputs, columns
+from lra_cond.models.attention.jacobian import BLOCKS, HeadInputs
 
 BLOCK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
 CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products (AD fallback)
@@ -103,17 +104,14 @@ class LinearisedLayer:
 
     def head_jacobian(self, h: int, closed_form: bool = True) -> torch.Tensor:
         """Head h's Jacobian (T*d_h, head_size): the family's closed form, else forward-mode AD."""
-        return self.head_jacobian_and_factors(h, closed_form)[0]
+        return self.head_jacobian_operator(h, closed_form).dense()
 
-    def head_jacobian_and_factors(
-        self, h: int, closed_form: bool = True
-    ) -> tuple[torch.Tensor, dict[str, Factored]]:
-        """Head h's Jacobian and the blocks the family gave in factored form."""
+    def head_jacobian_operator(self, h: int, closed_form: bool = True) -> HeadJacobian:
+        """Head h's Jacobian as the blocks the family gave (dense columns formed only on demand)."""
         parts = self.layer.head_jacobian_parts(self.head_inputs(h)) if closed_form else None
         if parts is None:
-            return self.ad_head_jacobian(h), {}
-        factors = {b: p for b, p in parts.items() if isinstance(p, Factored)}
-        return columns(parts, self.blocks), factors
+            return HeadJacobian.from_dense(self.ad_head_jacobian(h), self.blocks, self.head_dim, self.dim)
+        return HeadJacobian(parts, self.blocks)
 
     def ad_head_jacobian(self, h: int) -> torch.Tensor:
         """Forward-mode AD through the explicit kernel, in memory-bounded chunks of columns."""

@@ -71,6 +71,7 @@ from itertools import accumulate
 import torch
 
 from lra_cond.conditioning import factored
+from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored
@@ -896,7 +897,7 @@ def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extr
 
 
 def head_spectra(
-    jac: torch.Tensor,
+    jac: HeadJacobian,
     blocks: tuple[str, ...],
     d: int,
     dim: int,
@@ -912,8 +913,9 @@ def head_spectra(
     use them). The value elimination's row rotation is shared by the scopes."""
     factors = factors or {}
     size = d * dim
-    col = {b: slice(i * size, (i + 1) * size) for i, b in enumerate(blocks)}
-    y = kron_factor(jac[:, col["v"]], d) if "v" in blocks else None
+    y = jac.value_factor() if "v" in blocks else None
+    if y is None and "v" in blocks:  # a dense value block (forward-mode AD): tested numerically
+        y = kron_factor(jac.block("v"), d)
     rotated: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     t_len = jac.shape[0] // d
     if y is not None:  # rows rotated by [Q_Y | Q_perp]^T (x) I: the value block becomes diag(s_Y) (x) I
@@ -928,7 +930,7 @@ def head_spectra(
     def rows_of(b: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Block b's columns with rows rotated: (top: Q_Y part, bottom: Q_perp part), cached."""
         if b not in rotated:
-            rotated[b] = rotate(jac[:, col[b]])
+            rotated[b] = rotate(jac.block(b))
         return rotated[b]
 
     out: dict[str, Extremes] = {}
@@ -963,7 +965,7 @@ def head_spectra(
             exact, t, g, left_null = _factored_scope(factors[scope], basis, d, dim, x_real)
             out[scope] = _solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
             continue
-        raw = [jac[:, col[b]] for b in sb] + extra
+        raw = [jac.block(b) for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
             null_q = torch.linalg.qr(basis).Q
             if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed

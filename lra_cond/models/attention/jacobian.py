@@ -134,32 +134,58 @@ def outer_right(u: torch.Tensor, r: torch.Tensor, out: torch.Tensor | None = Non
     return torch.mul(u[:, None, :, None], r[:, :, None, :], out=out)
 
 
-def value_block(y: torch.Tensor, d: int) -> torch.Tensor:
-    """[i, a, b, c] = delta_ab Y_i[c]: the value block of every A = P V family, Y = P X."""
-    eye = torch.eye(d, dtype=y.dtype, device=y.device)
-    return eye[None, :, :, None] * y[:, None, None, :]
+@dataclass
+class ValueBlock:
+    """[i, a, b, c] = delta_ab Y[i, c]: the value block of every A = P V family (Y = P X), kept as Y
+    (T x D' numbers instead of T d x d D': the probe eliminates this block in closed form)."""
+
+    y: torch.Tensor
+    d: int
+
+    def dense(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        eye = torch.eye(self.d, dtype=self.y.dtype, device=self.y.device)
+        return torch.mul(eye[None, :, :, None], self.y[:, None, None, :], out=out)
 
 
-Part = torch.Tensor | Factored
+def value_block(y: torch.Tensor, d: int) -> ValueBlock:
+    """The value block of A = P V for Y = P X."""
+    return ValueBlock(y, d)
+
+
+Part = torch.Tensor | Factored | ValueBlock
 
 
 def dense(part: Part) -> torch.Tensor:
-    return part.dense() if isinstance(part, Factored) else part
+    """A block as its (T, d, d, D') entries."""
+    return part if isinstance(part, torch.Tensor) else part.dense()
+
+
+def part_shape(part: Part) -> tuple[int, int, int]:
+    """(T, d, D') of a block."""
+    if isinstance(part, Factored):
+        return part.left.shape[0], part.left.shape[-1], part.right.shape[-1]
+    if isinstance(part, ValueBlock):
+        return part.y.shape[0], part.d, part.y.shape[1]
+    return part.shape[0], part.shape[1], part.shape[-1]
+
+
+def part_like(part: Part) -> torch.Tensor:
+    """A tensor of the block's dtype and device."""
+    return part.left if isinstance(part, Factored) else part.y if isinstance(part, ValueBlock) else part
 
 
 def columns(parts: dict[str, Part], blocks: tuple[str, ...]) -> torch.Tensor:
-    """{block: (L, d, d, D') or Factored} -> (L*d, len(blocks)*d*D'), blocks in ``blocks`` order.
-    Each block is written in place into its columns (no per-block temporaries to concatenate)."""
-    first = parts[blocks[0]]
-    like, last = (first.left, first.right) if isinstance(first, Factored) else (first, first)
-    t, d, dim = like.shape[0], like.shape[1], last.shape[-1]
-    out = like.new_empty(t, d, len(blocks), d, dim)
+    """{block: (L, d, d, D'), Factored or ValueBlock} -> (L*d, len(blocks)*d*D'), blocks in
+    ``blocks`` order. Each block is written in place into its columns (no per-block temporaries to
+    concatenate)."""
+    t, d, dim = part_shape(parts[blocks[0]])
+    out = part_like(parts[blocks[0]]).new_empty(t, d, len(blocks), d, dim)
     for i, b in enumerate(blocks):
         part = parts[b]
-        if isinstance(part, Factored):
-            part.dense(out=out[:, :, i])
-        else:
+        if isinstance(part, torch.Tensor):
             out[:, :, i] = part
+        else:
+            part.dense(out=out[:, :, i])
     return out.reshape(t * d, -1)
 
 
@@ -167,9 +193,12 @@ def stack_sequences(per_sequence: list[Part]) -> Part:
     """Rows of every sequence, in probe order."""
     if len(per_sequence) == 1:
         return per_sequence[0]  # one probe sequence (the usual case): no copy of the block
-    if isinstance(per_sequence[0], Factored):
+    first = per_sequence[0]
+    if isinstance(first, Factored):
         return Factored.cat(per_sequence)  # type: ignore[arg-type]
-    return torch.cat(per_sequence, 0)
+    if isinstance(first, ValueBlock):
+        return ValueBlock(torch.cat([p.y for p in per_sequence]), first.d)  # type: ignore[union-attr]
+    return torch.cat(per_sequence, 0)  # type: ignore[arg-type]
 
 
 def pair_means(p: torch.Tensor, u: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

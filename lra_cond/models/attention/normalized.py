@@ -109,7 +109,7 @@ class NormalizedAttention(Attention, name="normalized"):
                 if self.normalize_v:
                     nv = v.norm(dim=-1, keepdim=True)
                     u = v / nv
-                    direct = jac.value_block((p / nv.T) @ x, d)
+                    direct = jac.value_block((p / nv.T) @ x, d).dense()
                     uux = jac.pair_means(p / nv.T, u, (u[:, :, None] * x[:, None, :]).reshape(len(x), -1))
                     parts["v"].append(direct - uux.reshape(len(x), d, d, -1))
                 else:
