@@ -33,6 +33,7 @@ Methods:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -141,6 +142,7 @@ class _Reduction:
     jac: HeadJacobian  # the kron blocks' products go through it (no columns formed)
     support_cols: torch.Tensor  # (T*d, n_S): J_S
     dense: torch.Tensor  # J_S P
+    product: Callable[[torch.Tensor], torch.Tensor] | None  # M -> J_S P M by the family's structure
     order: list[str]  # the scope's blocks, in order
     size: int
 
@@ -195,7 +197,16 @@ def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support 
     support_cols = jac.columns(list(support.blocks))
     dense = support.columns if support.columns is not None else support_cols @ support.p
     return _Reduction(
-        support.name, kron, list(support.blocks), support.p, jac, support_cols, dense, list(sb), size
+        support.name,
+        kron,
+        list(support.blocks),
+        support.p,
+        jac,
+        support_cols,
+        dense,
+        support.product,
+        list(sb),
+        size,
     )
 
 
@@ -289,7 +300,9 @@ def jacobian_condition(
             if red is not None:
                 if not red.verified():
                     raise RuntimeError(f"{type(layer).__name__}.jacobian_support is not a support of J")
-                null = ScopeNull(red.basis_of(null.basis), False, red.kron, red.dense, red.removed)
+                null = ScopeNull(
+                    red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product
+                )
                 group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if scope == "all" else 0)
             nulls[h][scope] = null
             if scope == "all":

@@ -22,6 +22,7 @@ A family provides (see ``Attention``):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,12 +59,14 @@ class Support:
     """Blocks that reach a head's output only through a subspace: ``p`` (n_blocks * d * D', r), an
     orthonormal basis of a subspace holding every direction J sees through ``blocks``. The probe
     works on J_S P (the complement's n - r directions are null, checked numerically); a family
-    that can form J_S P more cheaply than the product passes it as ``columns`` (also checked)."""
+    that can form J_S P more cheaply than the product passes it as ``columns`` (also checked), and
+    ``product``, M -> J_S P M, when it can apply it to other matrices M (r, k) that way too."""
 
     name: str
     blocks: tuple[str, ...]
     p: torch.Tensor
     columns: torch.Tensor | None = None  # (T * d, r): J_S P
+    product: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 # ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')

@@ -147,7 +147,8 @@ class LinearAttention(Attention, name="linear"):
             block = m[s_idx * per : (s_idx + 1) * per]
             m_s, m_z = block[: d * d].reshape(d, d * m.shape[1]), block[d * d :]
             via_s = (w @ m_s).reshape(len(x), d, -1)  # sum_b w_ib M[(b, a), k]
-            out.append((via_s - a[:, :, None] * (w @ m_z)[:, None, :]).reshape(len(x) * d, -1))
+            via_s.addcmul_(a[:, :, None], (w @ m_z)[:, None, :], value=-1.0)  # in place: one pass
+            out.append(via_s.reshape(len(x) * d, -1))
         return out[0] if len(out) == 1 else torch.cat(out)
 
     def jacobian_support(self, inp: jac.HeadInputs) -> jac.Support | None:
@@ -164,7 +165,11 @@ class LinearAttention(Attention, name="linear"):
         if st.p.shape[1] >= st.n_params:
             return None  # no reduction: G has full column rank
         columns = self._through_statistics(inp, st.gp)
-        return jac.Support("key_value_statistics", tuple(blocks), st.p, columns)
+
+        def product(m: torch.Tensor) -> torch.Tensor:  # J_psi (G P M)
+            return self._through_statistics(inp, st.gp @ m)
+
+        return jac.Support("key_value_statistics", tuple(blocks), st.p, columns, product)
 
     def _statistics_values(self, inp: jac.HeadInputs) -> torch.Tensor:
         """Every sequence's (S_b, z_b), flattened and stacked: (B (d^2 + d),)."""
@@ -336,9 +341,10 @@ class _Statistics:
         self.p = stats.new_zeros(n_params, sum(widths))
         self.gp = stats.new_zeros(len(stats), sum(widths))
         start = 0
-        for (rows, cols, mat, (basis, _, _, _)), width in zip(self._blocks, widths):
+        for (rows, cols, mat, (basis, r, _, _)), width in zip(self._blocks, widths):
             self.p[cols, start : start + width] = basis
-            self.gp[rows, start : start + width] = mat @ basis
+            # mat^T = Q R gives mat Q = R^T (Q orthonormal to ~eps): no product with the block
+            self.gp[rows, start : start + width] = mat @ basis if r is None else r.T
             start += width
 
     def residual(self, targets: torch.Tensor) -> torch.Tensor:
