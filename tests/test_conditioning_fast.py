@@ -226,11 +226,12 @@ def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(0)
 
     def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
-        r, route = real(rows, t, use_qr, g, reg)
+        r, route, factored_gram = real(rows, t, use_qr, g, reg)
         if route == "cholesky":
             noise = torch.randn(r.shape, generator=gen, dtype=r.dtype).triu()
             r = r + 1e-4 * noise * r.diagonal().abs().min()
-        return r, route
+            factored_gram = r.T @ r  # the Gram this factor factors
+        return r, route, factored_gram
 
     monkeypatch.setattr(spectrum, "_triangular", spoiled)
 

@@ -215,11 +215,16 @@ def input_whitening(x: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     return vh.T @ torch.diag(1.0 / full) @ vh
 
 
-def output_whitening(a: torch.Tensor, d: int, p: int) -> torch.Tensor:
+def output_whitening(a: torch.Tensor, d: int, p: int, rows: int = 64) -> torch.Tensor:
     """L with (a reshaped (m, d, p)) contracted over rows and c having unit Gram on b: the
-    Kronecker preconditioner's output side (the inverse Cholesky factor, transposed)."""
-    a2 = a.reshape(-1, d, p).transpose(0, 1).reshape(d, -1)
-    return factored.inverse_cholesky_t(a2 @ a2.T)
+    Kronecker preconditioner's output side (the inverse Cholesky factor, transposed). Summed over
+    chunks of rows, each transposed to (d, rows * p) in cache: half the time of one transposed copy
+    of the whole block (measured 22 against 46 ms for 6144 x 2080)."""
+    m = a.new_zeros(d, d)
+    for start in range(0, a.shape[0], rows):
+        a2 = a[start : start + rows].reshape(-1, d, p).transpose(0, 1).reshape(d, -1)
+        m.addmm_(a2, a2.T)
+    return factored.inverse_cholesky_t(m)
 
 
 def dense_whitening(a: torch.Tensor) -> torch.Tensor:
@@ -337,6 +342,7 @@ class _Factor:
     null: torch.Tensor | None = None  # orthonormal null basis still in the coordinates (regularised)
     # [C; rows] as one operator, when both come from the same factors (one product instead of two)
     joint: DeflatedRows | None = None
+    gram: torch.Tensor | None = None  # the Gram R' factors (R'^T R' = it to ~eps), when formed
 
     # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
     # ``matvec``, which reads either layout at row-major speed without a copy
@@ -359,10 +365,18 @@ class _Factor:
         """J^T J u for sigma_max: through the exact J when the whole head's rows are one operator
         through a family's factors (each product then reads a few MB where R, its transpose and the
         value coupling read ~250 MB at the reference shape: memory-bound), else as R^T R u (a block
-        alone: R is the smaller)."""
+        alone: R is the smaller), through the factored Gram when there is one."""
         if self.joint is not None:
             return self.exact_apply_t(self.exact_apply(u))
-        return self.rt_apply(self.r_apply(u))
+        if self.gram is None:
+            return self.rt_apply(self.r_apply(u))
+        # R^T R u with R'^T R' = G': one pass over G' where R' and R'^T take two
+        ua = u[self.n_v :]
+        low = self.t.solve_t(matvec(self.gram, self.t.solve(ua)))
+        if self.rv is None:
+            return low
+        top = self.rv[:, None] * u[: self.n_v] + _product(self.c, ua)
+        return torch.cat([self.rv[:, None] * top, self._c_t(top) + low])
 
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
         ua = u[self.n_v :]
@@ -436,11 +450,12 @@ def _triangular(
     use_qr: bool,
     g: torch.Tensor | None = None,
     reg: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, str]:
+) -> tuple[torch.Tensor, str, torch.Tensor | None]:
     """R' with R'^T R' = T^T A^T A T + beta Q Q^T (A the stacked rows, Q = ``reg`` an orthonormal
     basis of T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when the
     caller formed it from factors), or Householder QR of the preconditioned rows stacked on
-    sqrt(beta) Q^T (also when the Gram is not numerically definite)."""
+    sqrt(beta) Q^T (also when the Gram is not numerically definite). Also returns the Gram that
+    was factored (None after QR)."""
     pre = None
     if not use_qr:
         if g is None:
@@ -452,14 +467,14 @@ def _triangular(
             g = torch.addmm(g, reg, reg.T, alpha=float(g.diagonal().mean()))
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
-            return chol, "cholesky"
+            return chol, "cholesky", g
     if pre is None:
         pre = [t.right(_materialised(r)) for r in rows]
     if reg is not None:
         beta = sum(float(p.square().sum()) for p in pre) / reg.shape[0]
         pre = [*pre, beta**0.5 * reg.T]
     r = torch.linalg.qr(torch.cat(pre) if len(pre) > 1 else pre[0], mode="r").R
-    return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr"
+    return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr", None
 
 
 def _extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
@@ -576,8 +591,10 @@ def _solve(
     else:
         sources = ["given", "rows", "qr"] if refine else ["given", "qr"]
     for source in sources:
-        r, route = _triangular(rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg)
-        factor = _Factor(rv, c, r, t, rows, route, null, joint)
+        r, route, factored_gram = _triangular(
+            rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg
+        )
+        factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram)
         smax, smin, vec, top, converged = _extremes(factor)
         if route != "cholesky":
             break
