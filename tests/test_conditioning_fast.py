@@ -417,6 +417,31 @@ def test_gram_is_a_transpose_a() -> None:
     torch.testing.assert_close(spectrum.gram(a), a.T @ a)
 
 
+def test_scope_null_takes_groups_on_disjoint_rows_apart() -> None:
+    """Groups touching disjoint rows are spanned apart on their own rows: the same span and the same
+    rank per group as one span over every row (a dependent direction still counts once)."""
+    from lra_cond.conditioning.jacobian import _scope_null
+    from lra_cond.linalg import span_union
+
+    gen = torch.Generator().manual_seed(0)
+
+    def on(rows: slice, m: int) -> torch.Tensor:
+        out = torch.zeros(30, m, dtype=torch.float64)
+        out[rows] = torch.randn(rows.stop - rows.start, m, generator=gen, dtype=torch.float64)
+        return out
+
+    a, b, d = on(slice(0, 10), 3), on(slice(10, 20), 2), on(slice(20, 30), 4)
+    c = torch.cat(
+        [a @ torch.ones(3, 1, dtype=torch.float64) + b[:, :1], on(slice(0, 20), 5)], 1
+    )  # 1 dependent
+    groups = [spectrum.NullGroup(n, frozenset("q"), g) for n, g in zip("abcd", (a, b, c, d))]
+    null, added = _scope_null(groups, 30, a)
+    assert added == [3, 2, 5, 4] and null.basis.shape == (30, 14)
+    whole, _ = span_union([a, b, d, c])
+    project = lambda m: m @ torch.linalg.pinv(m)  # noqa: E731
+    torch.testing.assert_close(project(null.basis), project(whole), rtol=0, atol=1e-10)
+
+
 def test_matvec_is_m_v_from_either_layout() -> None:
     m = torch.randn(40, 30, dtype=torch.float64)
     col_major = m.T.contiguous().T  # LAPACK's layout

@@ -115,18 +115,41 @@ def _too_small(probe: LinearisedLayer) -> str | None:
     return None
 
 
+def _row_components(supports: list[torch.Tensor]) -> list[list[int]]:
+    """Indices grouped by overlapping row supports (boolean masks), transitively."""
+    members: list[list[int]] = []
+    masks: list[torch.Tensor] = []
+    for i, rows in enumerate(supports):
+        touching = [j for j, mask in enumerate(masks) if bool((mask & rows).any())]
+        merged = [k for j in touching for k in members[j]] + [i]
+        mask = rows.clone()
+        for j in touching:
+            mask |= masks[j]
+        members = [m for j, m in enumerate(members) if j not in touching] + [sorted(merged)]
+        masks = [m for j, m in enumerate(masks) if j not in touching] + [mask]
+    return members
+
+
 def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple[ScopeNull, list[int]]:
     """One head's verified groups on a scope -> a basis of their span (groups taken smallest first,
-    so the largest, e.g. the gauge, is never orthonormalised), and each group's added rank."""
+    so the largest, e.g. the gauge, is never orthonormalised), and each group's added rank.
+    Groups touching disjoint rows span independent subspaces: each set of overlapping ones is taken
+    on its own rows (the gauge and the key shifts on Q's and K's, 2/3 of the whole head's)."""
     if not groups:
         return ScopeNull(like.new_zeros(size, 0), True), []
-    order = sorted(range(len(groups)), key=lambda i: groups[i].directions.shape[1])
-    basis, added_sorted = span_union([groups[i].directions for i in order])
-    added = [0] * len(groups)
-    for i, n in zip(order, added_sorted):
-        added[i] = n
+    supports = [g.directions.abs().amax(1) > 0 for g in groups]
+    parts, added = [], [0] * len(groups)
+    for members in _row_components(supports):
+        rows = torch.stack([supports[i] for i in members]).any(0)
+        order = sorted(members, key=lambda i: groups[i].directions.shape[1])
+        sub, added_sorted = span_union([groups[i].directions[rows] for i in order])
+        for i, n in zip(order, added_sorted):
+            added[i] = n
+        part = like.new_zeros(size, sub.shape[1])
+        part[rows] = sub
+        parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
-    return ScopeNull(basis, split), added
+    return ScopeNull(torch.cat(parts, 1) if len(parts) > 1 else parts[0], split), added
 
 
 @dataclass
