@@ -959,9 +959,9 @@ def head_spectra(
         r_y = int((s_y > rtol * s_y[0]).sum())
 
     def rotate(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        m2 = m.reshape(t_len, -1)
         n = m.shape[1]
-        return (u[:, :r_y].T @ m2).reshape(r_y * d, n), (u[:, r_y:].T @ m2).reshape(-1, n)
+        both = (u.T @ m.reshape(t_len, -1)).reshape(-1, n)  # one product: u = [Q_Y | Q_perp]
+        return both[: r_y * d], both[r_y * d :]
 
     def rows_of(b: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Block b's columns with rows rotated: (top: Q_Y part, bottom: Q_perp part), cached."""
