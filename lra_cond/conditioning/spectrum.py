@@ -29,9 +29,10 @@ whose effect is undone exactly:
    (Deflating a block with a non-input-side null, e.g. normalized attention's scale W_Q, would
    turn all of W_Q's row space into dense columns: a Householder pass, a dense preconditioner and
    a triangular solve over every row, ~30% of such a probe.)
-4. **Extremes by block Lanczos** on R^T R (sigma_max^2; on the exact J^T J instead where a
-   family's factors give the whole head's rows as one cheap operator) and on (R^T R)^{-1}
-   (1/sigma_min^2, by triangular solves: sigma_min keeps its own relative accuracy).
+4. **Extremes by block Lanczos** on R^T R (sigma_max^2, its R' part through the Gram R' factors,
+   one pass instead of two; on the exact J^T J instead where a family's factors give the whole
+   head's rows as one cheap operator) and on (R^T R)^{-1} (1/sigma_min^2, by triangular solves:
+   sigma_min keeps its own relative accuracy).
 5. **A check with the exact J.** The Rayleigh quotient ||J u|| / ||u|| of the sigma_min vector
    must match sigma_min (``_check``, to its own rounding level ~eps sqrt(n) kappa). If the Gram
    lost it, or the check is too coarse to tell (kappa above ~1e6), sigma_min is taken from the exact J:
