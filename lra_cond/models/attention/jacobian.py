@@ -12,9 +12,10 @@ flattened row-major from torch's ``weight[out, in]`` layout, entry (b, c) = d/d 
 
 A family provides (see ``Attention``):
 * ``head_jacobian_parts(inp)``: that matrix in closed form, block by block, a block either dense
-  ((T, d, d, D') tensor [i, a, b, c]) or ``Factored`` (the probe then also forms its Gram matrix
-  from the factors, T x d^2 x D'^2 instead of T d x (d D')^2); the probe falls back to
-  forward-mode AD through the explicit kernel for a family without one;
+  ((T, d, d, D') tensor [i, a, b, c]), ``Factored`` (the probe then also forms its Gram matrix
+  from the factors, T x d^2 x D'^2 instead of T d x (d D')^2) or a ``ValueBlock`` (Y (x) I_d,
+  kept as Y); the probe forms dense columns only where it needs them, and falls back to
+  forward-mode AD through the explicit kernel for a family without a closed form;
 * ``symmetries(inp)``: candidate exact null directions of the Jacobian, by name, per block
   (the probe verifies every group numerically before it deflates it).
 """
