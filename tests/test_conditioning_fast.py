@@ -608,12 +608,18 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
         return torch.cat(out)
 
     reference = torch.func.jacrev(statistics)(torch.cat([inp.w[b].reshape(-1) for b in blocks]))
-    n_params, parts = _statistics_blocks(inp, blocks)
-    closed = reference.new_zeros(reference.shape)
+    n_params, parts, v_x = _statistics_blocks(inp, blocks)  # columns in input coordinates x V_x
+    rows_x = torch.cat(inp.xs)  # V_x spans the rows (the LayerNorm's null direction left out)
+    assert v_x.shape == (dim, int(torch.linalg.matrix_rank(rows_x))) < (dim, dim)
+    torch.testing.assert_close(rows_x @ v_x @ v_x.T, rows_x, rtol=0, atol=1e-12)
+    expand = torch.kron(torch.eye(len(blocks) * d, dtype=torch.float64), v_x)
+    closed = reference.new_zeros(reference.shape[0], n_params)
     for rows, cols, mat in parts:
         closed[rows[:, None], cols[None, :]] = mat
-    assert n_params == reference.shape[1]
-    torch.testing.assert_close(closed, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
+    assert n_params == len(blocks) * d * v_x.shape[1]
+    tol = {"rtol": 0, "atol": 1e-12 * float(reference.abs().max())}
+    torch.testing.assert_close(closed, reference @ expand, **tol)
+    torch.testing.assert_close(closed @ expand.T, reference, **tol)  # G vanishes off the rows' span
 
 
 @pytest.mark.parametrize("kappa", [1e1, 5e4])

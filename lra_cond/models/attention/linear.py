@@ -273,26 +273,36 @@ REACH_RTOL = 1e-9
 GBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows of G, columns of G, the block)
 
 
-def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, list[GBlock]]:
+def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, list[GBlock], torch.Tensor]:
     """G = d (S_b, z_b) / d (W_K, W_V) in closed form, as independent diagonal blocks (rows into
     the statistics, columns into the parameters, the block): with phi'_j = elu'(k_j),
         dS[b, a] / dW_K[b, c] = sum_j phi'_jb v_ja x_jc,  dz[b] / dW_K[b, c] = sum_j phi'_jb x_jc,
         dS[b, a] / dW_V[a, c] = sum_j phi_jb x_jc,
     so W_K's row b reaches only (S[b, :], z[b]) and W_V's row a only S[:, a]: d blocks each, of
     B (d + 1) x D' and B d x D' (instead of one B (d^2 + d) x 2 d D' matrix). With both blocks the
-    two couple through S: one dense block. Returns (number of parameters, blocks)."""
-    d, dim = inp.d, inp.dim
+    two couple through S: one dense block.
+
+    Every sum above is a combination of the input rows x_j, so G vanishes on the input's null
+    directions (e.g. a LayerNorm's): the columns are taken in an orthonormal basis V_x of the rows'
+    span (input coordinates x V_x), which leaves G of full column rank where it is tall (several
+    probe sequences) instead of rank-deficient by 2 d per null direction. Returns (number of
+    parameters in those coordinates, blocks, V_x)."""
+    d = inp.d
     per = d * d + d
     n_seq = len(inp.xs)
     device = inp.w["k"].device
     seq = torch.arange(n_seq, device=device)[:, None] * per
     ar = torch.arange(d, device=device)
-    n_k, n_c = [], []  # per sequence: (d, d, D') K-side sums, (d, D') z sums; (d, D') V-side sums
+    _, sv, vh = torch.linalg.svd(torch.cat(inp.xs), full_matrices=False)
+    v_x = vh[: int((sv > RANK_RTOL * sv[0]).sum())].T  # (D', r_x)
+    dim = v_x.shape[1]
+    n_k, n_c = [], []  # per sequence: (d, d, r_x) K-side sums, (d, r_x) z sums; (d, r_x) V-side sums
     for x in inp.xs:
         k, v = x @ inp.w["k"].T, x @ inp.w["v"].T
         dphi = feature_map_derivative(k)
-        n_k.append((torch.einsum("jb,ja,jc->bac", dphi, v, x), dphi.T @ x))
-        n_c.append(feature_map(k).T @ x)
+        xr = x @ v_x
+        n_k.append((torch.einsum("jb,ja,jc->bac", dphi, v, xr), dphi.T @ xr))
+        n_c.append(feature_map(k).T @ xr)
     eye = torch.eye(d, dtype=inp.w["k"].dtype, device=device)
     if blocks == ["k", "v"]:
         g = inp.w["k"].new_zeros(n_seq * per, 2 * d * dim)
@@ -302,7 +312,7 @@ def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, lis
             g[rows, d * dim :] = torch.einsum("bc,aA->baAc", c, eye).reshape(d * d, d * dim)
             g[s_idx * per + d * d : (s_idx + 1) * per, : d * dim] = torch.block_diag(*nz[:, None, :])
         everything = (torch.arange(n_seq * per, device=device), torch.arange(2 * d * dim, device=device))
-        return 2 * d * dim, [(*everything, g)]
+        return 2 * d * dim, [(*everything, g)], v_x
     out, values = [], torch.cat(n_c)  # V: the same block for every a
     for row in range(d):  # W_K's row b, or W_V's row a
         cols = torch.arange(row * dim, (row + 1) * dim, device=device)
@@ -315,7 +325,7 @@ def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, lis
             rows = (seq[:, :, None] + ar[None, :, None] * d + row).flatten()
             mat = values
         out.append((rows, cols, mat))
-    return d * dim, out
+    return d * dim, out, v_x
 
 
 class _Statistics:
@@ -330,22 +340,36 @@ class _Statistics:
     is decided on an SVD: on singular values accurate to eps * sigma_max (through the Gram, null
     and genuine values below ~1e-6 blur)."""
 
-    def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock]) -> None:
-        self.stats, self.n_params = stats, n_params
+    def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock], v_x: torch.Tensor) -> None:
+        self.stats, self.v_x = stats, v_x  # parameters in input coordinates x V_x (see _statistics_blocks)
+        self.n_params = n_params // v_x.shape[1] * v_x.shape[0]  # in the parameters' own layout
         self._blocks, factored, widths = [], {}, []
         for rows, cols, mat in blocks:
             if id(mat) not in factored:
                 factored[id(mat)] = _factor(mat)
             self._blocks.append((rows, cols, mat, factored[id(mat)]))
             widths.append(factored[id(mat)][0].shape[1])
-        self.p = stats.new_zeros(n_params, sum(widths))
+        p = stats.new_zeros(n_params, sum(widths))
         self.gp = stats.new_zeros(len(stats), sum(widths))
         start = 0
-        for (rows, cols, mat, (basis, r, _, _)), width in zip(self._blocks, widths):
-            self.p[cols, start : start + width] = basis
-            # mat^T = Q R gives mat Q = R^T (Q orthonormal to ~eps): no product with the block
-            self.gp[rows, start : start + width] = mat @ basis if r is None else r.T
+        for (rows, cols, mat, (basis, r, u, sv)), width in zip(self._blocks, widths):
+            p[cols, start : start + width] = basis
+            if u is None:  # mat^T = Q R gives mat Q = R^T (Q orthonormal to ~eps): no product
+                self.gp[rows, start : start + width] = r.T
+            elif sv is None:  # full column rank: the basis is the identity
+                self.gp[rows, start : start + width] = mat
+            else:
+                self.gp[rows, start : start + width] = mat @ basis
             start += width
+        self.p = self._expand(p)
+
+    def _expand(self, m: torch.Tensor) -> torch.Tensor:
+        """Parameter directions in input coordinates x V_x -> the parameters' layout (d D' each row)."""
+        r_x, k = self.v_x.shape[1], m.shape[1]
+        rows = m.shape[0] // r_x
+        return torch.einsum("cr,nrk->nck", self.v_x, m.reshape(rows, r_x, k)).reshape(
+            rows * self.v_x.shape[0], k
+        )
 
     def residual(self, targets: torch.Tensor) -> torch.Tensor:
         """targets minus their projection on range(G)."""
@@ -359,14 +383,16 @@ class _Statistics:
 
     def min_norm(self, targets: torch.Tensor) -> torch.Tensor:
         """G^+ targets (for targets in range(G): the minimum-norm theta with G theta = targets)."""
-        out = targets.new_zeros(self.n_params, targets.shape[1])
+        out = targets.new_zeros(self.n_params // self.v_x.shape[0] * self.v_x.shape[1], targets.shape[1])
         for rows, cols, _, (basis, r, u, sv) in self._blocks:
             t = targets[rows]
             if u is None:
                 out[cols] = basis @ torch.linalg.solve_triangular(r.T, t, upper=False)
+            elif sv is None:  # mat = U R, full column rank
+                out[cols] = torch.linalg.solve_triangular(r, u.T @ t, upper=True)
             else:
                 out[cols] = basis @ ((u.T @ t) / sv[:, None])
-        return out
+        return self._expand(out)
 
 
 def _factor(
@@ -388,9 +414,34 @@ def _factor(
         p1 = torch.linalg.solve_triangular(r1, mat.T, upper=True, left=False)
         r2 = torch.linalg.cholesky(gram(p1), upper=True)
         return torch.linalg.solve_triangular(r2, p1, upper=True, left=False), r2 @ r1, None, None
+    if g is None and (tall := _tall_factor(mat)) is not None:
+        q, r = tall
+        return torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device), r, q, None
     u, sv, vh = torch.linalg.svd(mat, full_matrices=False)
     rank = int((sv > RANK_RTOL * sv[0]).sum())
     return vh[:rank].T, None, u[:, :rank], sv[:rank]
+
+
+TALL_ORTHOGONALITY = 0.1  # first-pass Cholesky QR of a tall block: |Q1^T Q1 - I| below this, or SVD
+
+
+def _tall_factor(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(Q, R) with mat = Q R for a tall block of full column rank, by Cholesky QR twice on its
+    columns; None (take the SVD) when the first pass is not close to orthonormal. That pass is off
+    by ~eps kappa^2, so it certifies kappa <~ 2e7 (sigma_min far above RANK_RTOL sigma_max: full
+    rank), and the second pass is then orthonormal to ~eps (Yamamoto et al. 2015). Several probe
+    sequences make linear attention's coupled K/V block tall (4 x 1056 x 4096 for the tiny split):
+    ~14 s for its SVD per head."""
+    r1, info = torch.linalg.cholesky_ex(gram(mat), upper=True)
+    if int(info):
+        return None
+    q1 = torch.linalg.solve_triangular(r1, mat, upper=True, left=False)
+    g1 = gram(q1)
+    eye = torch.eye(g1.shape[0], dtype=g1.dtype, device=g1.device)
+    if not bool(torch.isfinite(g1).all()) or float((g1 - eye).abs().max()) > TALL_ORTHOGONALITY:
+        return None
+    r2 = torch.linalg.cholesky(g1, upper=True)
+    return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2 @ r1
 
 
 def _reachable(
