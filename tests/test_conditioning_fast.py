@@ -622,6 +622,34 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
     torch.testing.assert_close(closed @ expand.T, reference, **tol)  # G vanishes off the rows' span
 
 
+def test_a_tall_statistics_block_of_full_column_rank_takes_cholesky_qr() -> None:
+    """A tall block (several probe sequences) of full column rank: Q orthonormal, mat = Q R, and
+    min_norm / residual equal least squares; a rank-deficient one is left to the SVD."""
+    from lra_cond.models.attention.linear import _factor, _Statistics, _tall_factor
+
+    gen = torch.Generator().manual_seed(2)
+    mat = torch.randn(90, 40, generator=gen, dtype=torch.float64) @ torch.diag(
+        torch.logspace(0, -4, 40, dtype=torch.float64)
+    )
+    basis, r, q, sv = _factor(mat)
+    assert sv is None and torch.equal(basis, torch.eye(40, dtype=torch.float64))
+    torch.testing.assert_close(q.T @ q, torch.eye(40, dtype=torch.float64), rtol=0, atol=1e-14)
+    torch.testing.assert_close(q @ r, mat, rtol=0, atol=1e-14)
+    st = _Statistics(
+        torch.ones(90, dtype=torch.float64),
+        40,
+        [(torch.arange(90), torch.arange(40), mat)],
+        torch.eye(1, dtype=torch.float64),
+    )
+    t = torch.randn(90, 3, generator=gen, dtype=torch.float64)
+    theta = torch.linalg.lstsq(mat, t).solution
+    torch.testing.assert_close(st.min_norm(t), theta, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(st.residual(t), t - mat @ theta, rtol=1e-9, atol=1e-12)
+    deficient = mat.clone()
+    deficient[:, 7] = deficient[:, 3] - 2 * deficient[:, 5]
+    assert _tall_factor(deficient) is None and _factor(deficient)[3] is not None  # the SVD's values
+
+
 @pytest.mark.parametrize("kappa", [1e1, 5e4])
 def test_statistics_block_factor_is_an_orthonormal_row_basis(kappa: float) -> None:
     """A full-row-rank statistics block's factor (Cholesky QR twice): Q orthonormal to ~eps and
