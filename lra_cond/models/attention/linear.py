@@ -294,7 +294,8 @@ def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, lis
     seq = torch.arange(n_seq, device=device)[:, None] * per
     ar = torch.arange(d, device=device)
     _, sv, vh = torch.linalg.svd(torch.cat(inp.xs), full_matrices=False)
-    v_x = vh[: int((sv > RANK_RTOL * sv[0]).sum())].T  # (D', r_x)
+    rank = int((sv > RANK_RTOL * sv[0]).sum())
+    v_x = vh[:rank].T if rank else torch.eye(inp.dim, dtype=vh.dtype, device=device)  # (D', r_x)
     dim = v_x.shape[1]
     n_k, n_c = [], []  # per sequence: (d, d, r_x) K-side sums, (d, r_x) z sums; (d, r_x) V-side sums
     for x in inp.xs:
@@ -336,9 +337,11 @@ class _Statistics:
     A block is usually wide (one probe sequence) and of full row rank, which a Gram eigenvalue ratio
     above 1e-10 (sigma ratio 1e-5) shows safely; then a QR B^T = Q R (``_factor``) gives its basis,
     every target on its rows is in range, B^+ t = Q R^-T t (measured: 0.6 s with Householder QR
-    against 2.2 s for the SVD of the whole-head block at the reference shape). Otherwise the rank
-    is decided on an SVD: on singular values accurate to eps * sigma_max (through the Gram, null
-    and genuine values below ~1e-6 blur)."""
+    against 2.2 s for the SVD of the whole-head block at the reference shape). A tall block
+    (several probe sequences) of full column rank, certified by its first Cholesky QR pass, is
+    factored B = U R on its columns (``_tall_factor``): its basis is the identity, B^+ t = R^-1 U^T t.
+    Otherwise the rank is decided on an SVD: on singular values accurate to eps * sigma_max
+    (through the Gram, null and genuine values below ~1e-6 blur)."""
 
     def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock], v_x: torch.Tensor) -> None:
         self.stats, self.v_x = stats, v_x  # parameters in input coordinates x V_x (see _statistics_blocks)
