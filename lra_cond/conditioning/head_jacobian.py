@@ -75,9 +75,8 @@ class HeadJacobian:
             part = self.parts[b]
             if isinstance(part, Factored):
                 prod = factored.apply(part, vb, self.d)
-            elif isinstance(part, ValueBlock):  # (Y (x) I) v: row (t, a) = sum_c Y[t, c] V[a, c]
-                prod = torch.einsum("tc,ack->tak", part.y, vb.reshape(self.d, self.dim, -1))
-                prod = prod.reshape(self.shape[0], -1)
+            elif isinstance(part, ValueBlock):
+                prod = part.apply(vb)
             else:
                 prod = self.block(b) @ vb
             out = prod if out is None else out + prod

@@ -76,7 +76,7 @@ from lra_cond.conditioning import factored
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
-from lra_cond.models.attention.jacobian import Factored
+from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
@@ -126,7 +126,7 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
     # instead of comparing every entry.
     gen = torch.Generator().manual_seed(0)
     v = torch.randn(d * dim, 2, generator=gen, dtype=block.dtype).to(block.device)
-    want = torch.einsum("ic,acn->ian", y, v.reshape(d, dim, 2)).reshape(t * d, 2)
+    want = ValueBlock(y, d).apply(v)
     got = block @ v
     return y if bool((got - want).norm() <= 1e-12 * max(float(got.norm()), 1e-300)) else None
 

@@ -150,6 +150,11 @@ class ValueBlock:
         eye = torch.eye(self.d, dtype=self.y.dtype, device=self.y.device)
         return torch.mul(eye[None, :, :, None], self.y[:, None, None, :], out=out)
 
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        """(Y (x) I_d) v for v (d D', k), as (T d, k): row (t, a) = sum_c Y[t, c] V[a, c]."""
+        t, dim = self.y.shape
+        return torch.einsum("tc,ack->tak", self.y, v.reshape(self.d, dim, -1)).reshape(t * self.d, -1)
+
 
 def value_block(y: torch.Tensor, d: int) -> ValueBlock:
     """The value block of A = P V for Y = P X."""

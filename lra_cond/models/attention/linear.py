@@ -345,6 +345,7 @@ class _Statistics:
 
     def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock], v_x: torch.Tensor) -> None:
         self.stats, self.v_x = stats, v_x  # parameters in input coordinates x V_x (see _statistics_blocks)
+        self._n_reduced = n_params
         self.n_params = n_params // v_x.shape[1] * v_x.shape[0]  # in the parameters' own layout
         self._blocks, factored, widths = [], {}, []
         for rows, cols, mat in blocks:
@@ -386,7 +387,7 @@ class _Statistics:
 
     def min_norm(self, targets: torch.Tensor) -> torch.Tensor:
         """G^+ targets (for targets in range(G): the minimum-norm theta with G theta = targets)."""
-        out = targets.new_zeros(self.n_params // self.v_x.shape[0] * self.v_x.shape[1], targets.shape[1])
+        out = targets.new_zeros(self._n_reduced, targets.shape[1])
         for rows, cols, _, (basis, r, u, sv) in self._blocks:
             t = targets[rows]
             if u is None:
