@@ -712,7 +712,7 @@ def test_factored_products_equal_the_dense_block() -> None:
     factors from per-token factors equal the same products of the formed (T d) x (d D') blocks,
     for both factor kinds, with and without a low-rank correction (built here entry by entry)."""
     from lra_cond.conditioning import factored
-    from lra_cond.models.attention.jacobian import Factored
+    from lra_cond.models.attention.jacobian import Factored, TokenMixing
 
     gen = torch.Generator().manual_seed(0)
     t, d, p, r = 7, 3, 4, 5
@@ -723,6 +723,9 @@ def test_factored_products_equal_the_dense_block() -> None:
     def corrected(f: Factored) -> Factored:
         return Factored(f.kind, f.left, f.right, (randn(t, d, r), randn(r, d, p)))
 
+    def mixed(f: Factored, m: int = 2) -> Factored:  # E = F (x) I_d, rank m d
+        return Factored(f.kind, f.left, f.right, (TokenMixing(randn(t, m), d), randn(m * d, d, p)))
+
     def naive(f: Factored) -> torch.Tensor:  # every entry [i, a, b, c] from its definition
         j = torch.zeros(t, d, d, p, dtype=torch.float64)
         for i, a, b, c in itertools.product(range(t), range(d), range(d), range(p)):
@@ -730,17 +733,25 @@ def test_factored_products_equal_the_dense_block() -> None:
                 j[i, a, b, c] = f.left[i, a, b] * f.right[i, c]
             else:
                 j[i, a, b, c] = f.left[i, b] * f.right[i, a, c]
-            if f.low_rank is not None:
-                j[i, a, b, c] += sum(f.low_rank[0][i, a, m] * f.low_rank[1][m, b, c] for m in range(r))
+            if f.low_rank is not None and isinstance(f.low_rank[0], TokenMixing):
+                mix, z = f.low_rank  # E[(i, a), (m, a')] = F[i, m] delta_aa'
+                j[i, a, b, c] += sum(mix.f[i, m] * z[m * d + a, b, c] for m in range(mix.f.shape[1]))
+            elif f.low_rank is not None:
+                e, z = f.low_rank[0].dense(), f.low_rank[1]
+                j[i, a, b, c] += sum(e[i, a, m] * z[m, b, c] for m in range(e.shape[-1]))
         return j.reshape(t * d, d * p)
 
     plain = [
         Factored("query_local", randn(t, d, d), randn(t, p)),
         Factored("outer", randn(t, d), randn(t, d, p)),
     ]
-    blocks = plain + [corrected(f) for f in plain]
+    blocks = plain + [corrected(f) for f in plain] + [mixed(f) for f in plain]
     dense = [naive(b) for b in blocks]
     assert (dense[2] - dense[0]).abs().max() > 0.1  # the corrections change the blocks
+    assert (dense[4] - dense[0]).abs().max() > 0.1
+    mix = blocks[4].low_rank[0]  # a token mixing's entries: F[i, m] where a == a'
+    e = torch.einsum("im,ab->iamb", mix.f, torch.eye(d, dtype=torch.float64)).reshape(t, d, -1)
+    torch.testing.assert_close(mix.dense(), e, rtol=0, atol=0)
     v, y, u = randn(d * p, 2), randn(t * d, 2), randn(t, 3)
     lb, w = randn(d, d), randn(p, p)
     for f, j in zip(blocks, dense):
@@ -767,7 +778,7 @@ def test_factored_products_equal_the_dense_block() -> None:
 def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:
     """Two sequences' corrected blocks stacked: the correction is block diagonal, so the stacked
     block's rows are each sequence's own rows."""
-    from lra_cond.models.attention.jacobian import Factored
+    from lra_cond.models.attention.jacobian import Factored, TokenMixing
 
     gen = torch.Generator().manual_seed(1)
     d, p = 2, 3
@@ -781,3 +792,17 @@ def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:
     parts = [block(4, 4), block(3, 2)]
     want = torch.cat([f.dense() for f in parts])
     torch.testing.assert_close(Factored.cat(parts).dense(), want, rtol=1e-12, atol=1e-12)
+
+    def mixed(t: int, m: int) -> Factored:  # E = F (x) I_d (Nystrom's landmarks), m per sequence
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+        return Factored(
+            "outer", randn(t, d), randn(t, d, p), (TokenMixing(randn(t, m), d), randn(m * d, d, p))
+        )
+
+    parts = [mixed(4, 3), mixed(3, 2)]
+    stacked = Factored.cat(parts)
+    assert stacked.low_rank[0].f.shape == (7, 5)
+    want = torch.cat([f.dense() for f in parts])
+    torch.testing.assert_close(stacked.dense(), want, rtol=1e-12, atol=1e-12)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lra_cond.linalg import matvec
-from lra_cond.models.attention.jacobian import Factored
+from lra_cond.models.attention.jacobian import Factored, Mixing, TokenMixing
 
 
 def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
@@ -30,13 +30,19 @@ def output_side(f: Factored) -> torch.Tensor:
         m = torch.einsum("ibe,i->be", g_left, f.right.square().sum(1))
     else:
         m = torch.einsum("ib,ie,i->be", f.left, f.left, f.right.square().sum((1, 2)))
-    if f.low_rank is not None:  # + the same sum over c of B^T E Z, its transpose, and Z^T E^T E Z
-        e, z = _flat(f)
-        d, p = z.shape[1], z.shape[2]
-        be = apply_t(f.base, e, d).reshape(d, p, -1)
-        cross = torch.einsum("bcj,jec->be", be, z)
-        m = m + cross + cross.T + torch.einsum("jbc,jec->be", z, torch.einsum("jk,kec->jec", e.T @ e, z))
+    if f.low_rank is not None:  # + the same sum over c of Z^T V + V^T Z (see ``cross_gram``)
+        z = f.low_rank[1]
+        eb, eez = _correction_products(f)
+        zv = _sum_over_inputs(z, torch.add(eb, eez, alpha=0.5).view(z.shape))
+        m = m + zv + zv.T
     return inverse_cholesky_t(m)
+
+
+def _sum_over_inputs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_j,c a[j, b, c] b[j, e, c] for a, b (r, d, p), as one product of (d, r p) matrices (an
+    einsum took ~3x as long at r = 2048, d = 32, p = 65)."""
+    d = a.shape[1]
+    return a.transpose(0, 1).reshape(d, -1) @ b.transpose(0, 1).reshape(d, -1).T
 
 
 def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Factored:
@@ -45,15 +51,27 @@ def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Fac
     left = f.left if lb is None else f.left @ lb  # G_i L / q_i^T L, and x_i^T W / R_i W
     low_rank = None
     if f.low_rank is not None:  # Z_j -> L^T Z_j W
-        e, z = f.low_rank
-        low_rank = (e, (z if lb is None else torch.einsum("be,jbc->jec", lb, z)) @ w)
+        mix, z = f.low_rank
+        z = z if lb is None else torch.matmul(lb.T, z)  # batched over j: ~1.3x an einsum's speed
+        low_rank = (mix, (z.reshape(-1, z.shape[-1]) @ w).view(z.shape[0], z.shape[1], -1))
     return Factored(f.kind, left, f.right @ w, low_rank)
 
 
-def _flat(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
-    """The correction's E as (T d, r) and Z (r, d, p)."""
-    e, z = f.low_rank  # type: ignore[misc]
-    return e.reshape(-1, e.shape[-1]), z
+def _correction_products(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E^T B, E^T E Z), each (r, d p), for a corrected block J = B + E Z: every Gram with the
+    block needs them, so they are formed once per block (kept in its cache)."""
+    if "correction" not in f.cache:
+        mix, z = f.low_rank  # type: ignore[misc]
+        f.cache["correction"] = (_mix_t_base(mix, f.base), mix.cross(mix, z.reshape(z.shape[0], -1)))
+    return f.cache["correction"]
+
+
+def _mix_t_base(mix: Mixing, base: Factored) -> torch.Tensor:
+    """E^T B for a correction's E and a block's per-token part B (no correction), (r, d p): for
+    E = F (x) I_d that is B's rows rotated by F (T m d^2 p flops, nothing of size T d x r formed)."""
+    if isinstance(mix, TokenMixing):
+        return rows_rotated(base, mix.f)
+    return apply_t(base, mix.e.reshape(-1, mix.rank), base.left.shape[-1]).T
 
 
 def _kron_layout(m: torch.Tensor, d: int, p1: int, p2: int) -> torch.Tensor:
@@ -82,20 +100,31 @@ def _base_cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
 
 def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
     """J1^T J2 over all tokens, (d p1) x (d p2). With corrections J = B + E Z:
-    B1^T B2 + Z1^T (B2^T E1)^T + (J1^T E2) Z2."""
+    B1^T B2 + Z1^T (E1^T B2 + E1^T E2 Z2) + (B1^T E2) Z2, the products with one E taken from the
+    block that shares it (``_correction_products``) when both blocks have the same E."""
     g = _base_cross_gram(f1.base, f2.base)
-    d = f1.left.shape[-1]
-    if f1 is f2 and f1.low_rank is not None:  # J^T J = B^T B + V Z + (V Z)^T, V = B^T E + Z^T E^T E / 2
-        e, z = _flat(f1)
-        z2 = z.reshape(z.shape[0], -1)
-        vz = torch.addmm(apply_t(f1.base, e, d), z2.T, e.T @ e, alpha=0.5) @ z2
-        return g + vz + vz.T
-    if f1.low_rank is not None:
-        e1, z1 = _flat(f1)
-        g = g + z1.reshape(z1.shape[0], -1).T @ apply_t(f2.base, e1, d).T
-    if f2.low_rank is not None:
-        e2, z2 = _flat(f2)
-        g = g + apply_t(f1, e2, d) @ z2.reshape(z2.shape[0], -1)
+    if f1 is f2 and f1.low_rank is not None:  # J^T J = B^T B + Z^T V + (Z^T V)^T, V = E^T B + E^T E Z / 2
+        z2 = f1.low_rank[1].reshape(f1.low_rank[1].shape[0], -1)
+        eb, eez = _correction_products(f1)
+        zv = z2.T @ torch.add(eb, eez, alpha=0.5)
+        return g + zv + zv.T
+    mix1 = None if f1.low_rank is None else f1.low_rank[0]
+    mix2 = None if f2.low_rank is None else f2.low_rank[0]
+    shared = mix1 is not None and mix1 is mix2
+    if mix1 is not None:
+        z1 = f1.low_rank[1]  # type: ignore[index]
+        if shared:
+            v = torch.add(*_correction_products(f2))
+        else:
+            v = _mix_t_base(mix1, f2.base)
+            if mix2 is not None:
+                z2 = f2.low_rank[1]  # type: ignore[index]
+                v = v + mix1.cross(mix2, z2.reshape(z2.shape[0], -1))
+        g = g + z1.reshape(z1.shape[0], -1).T @ v
+    if mix2 is not None:
+        z2 = f2.low_rank[1]  # type: ignore[index]
+        eb1 = _correction_products(f1)[0] if shared else _mix_t_base(mix2, f1.base)
+        g = g + eb1.T @ z2.reshape(z2.shape[0], -1)
     return g
 
 
@@ -112,9 +141,8 @@ def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
         out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
         out = out.permute(0, 2, 1, 3).reshape(r * d, d * p)
     if f.low_rank is not None:  # ((U^T (x) I) E) Z
-        e, zc = f.low_rank
-        ue = (u.T @ e.reshape(t, -1)).reshape(r * d, -1)
-        out = torch.addmm(out, ue, zc.reshape(zc.shape[0], -1))
+        mix, zc = f.low_rank
+        out = out + mix.rotated(u).apply(zc.reshape(zc.shape[0], -1))
     return out
 
 
@@ -129,8 +157,8 @@ def apply(f: Factored, v: torch.Tensor, d: int) -> torch.Tensor:
         w = torch.einsum("ib,bck->ick", f.left, v3)  # R_i (V^T q_i)
         out = (f.right @ w).reshape(t * d, k)
     if f.low_rank is not None:
-        e, z = _flat(f)
-        out = torch.addmm(out, e, z.reshape(z.shape[0], -1) @ v)
+        mix, z = f.low_rank
+        out = out + mix.apply(z.reshape(z.shape[0], -1) @ v)
     return out
 
 
@@ -143,6 +171,6 @@ def apply_t(f: Factored, y: torch.Tensor, d: int) -> torch.Tensor:
     else:
         out = torch.einsum("ib,ick->bck", f.left, f.right.transpose(1, 2) @ y3).reshape(-1, k)
     if f.low_rank is not None:
-        e, z = _flat(f)
-        out = torch.addmm(out, z.reshape(z.shape[0], -1).T, matvec(e.T, y))
+        mix, z = f.low_rank  # Z^T through ``matvec``: ~5x faster than from Z's transposed view
+        out = out + matvec(z.reshape(z.shape[0], -1).T, mix.apply_t(y))
     return out

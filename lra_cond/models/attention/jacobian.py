@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from lra_cond.linalg import null_vectors
+from lra_cond.linalg import matvec, null_vectors
 
 BLOCKS = ("q", "k", "v")
 
@@ -76,24 +76,110 @@ class Support:
 
 
 @dataclass
-class Factored:
-    """A block that factors per token: ``query_local``: [i, a, b, c] = left[i, a, b] right[i, c]
-    (a projection row i's output sees only through its own projection, dA_i = G_i dW x_i);
-    ``outer``: [i, a, b, c] = left[i, b] right[i, a, c] (softmax's keys: q_i[b] R_i[a, c]).
-    ``low_rank`` (E, Z) adds sum_j E[i, a, j] Z[j, b, c], a correction of rank r (E (T, d, r),
-    Z (r, d, D')): normalized attention's keys, whose normalisation couples each key's own
-    direction into every query's row."""
+class DenseMixing:
+    """A correction's left factor E (T d, r) given entry by entry, as (T, d, r): E[i, a, j]."""
 
-    kind: str  # "query_local" | "outer"
-    left: torch.Tensor
-    right: torch.Tensor
-    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None
+    e: torch.Tensor
 
     def __post_init__(self) -> None:
         # every product reads E as (T d, r): a strided E (a broadcast product's layout) would be
         # copied on each of them (measured: 2.2 ms of a 3 ms product at T = 256, r = 256)
-        if self.low_rank is not None and not self.low_rank[0].is_contiguous():
-            self.low_rank = (self.low_rank[0].contiguous(), self.low_rank[1])
+        self.e = self.e.contiguous()
+
+    @property
+    def rank(self) -> int:
+        return self.e.shape[-1]
+
+    def apply(self, m: torch.Tensor) -> torch.Tensor:  # E m, m (r, k) -> (T d, k)
+        return self.e.reshape(-1, self.rank) @ m
+
+    def apply_t(self, y: torch.Tensor) -> torch.Tensor:  # E^T y, y (T d, k) -> (r, k)
+        return matvec(self.e.reshape(-1, self.rank).T, y)
+
+    def rotated(self, u: torch.Tensor) -> DenseMixing:  # (U^T (x) I_d) E, U (T, r_u)
+        t, d = self.e.shape[:2]
+        return DenseMixing((u.T @ self.e.reshape(t, -1)).reshape(u.shape[1], d, -1))
+
+    def cross(self, other: Mixing, m: torch.Tensor) -> torch.Tensor:  # E^T E' m
+        return self.apply_t(other.apply(m))
+
+    def dense(self) -> torch.Tensor:
+        return self.e
+
+    @staticmethod
+    def cat(parts: list[DenseMixing]) -> DenseMixing:
+        """Block diagonal: each sequence's correction stays within its own rows."""
+        es = [p.e for p in parts]
+        e = es[0].new_zeros(sum(x.shape[0] for x in es), es[0].shape[1], sum(x.shape[2] for x in es))
+        i = j = 0
+        for x in es:
+            e[i : i + x.shape[0], :, j : j + x.shape[2]] = x
+            i, j = i + x.shape[0], j + x.shape[2]
+        return DenseMixing(e)
+
+
+@dataclass
+class TokenMixing:
+    """E = F (x) I_d: E[(i, a), (j, a')] = F[i, j] delta_aa' for F (T, m), rank m d (columns (j, a'),
+    j-major). Token i's output sees the correction only through a mixture of m rows of d
+    (Nyström's F = softmax(Q K~^T) over the landmarks): every product costs T m d k where a dense
+    E of that rank costs T d m d k, and nothing of size T d x m d is formed."""
+
+    f: torch.Tensor
+    d: int
+
+    @property
+    def rank(self) -> int:
+        return self.f.shape[1] * self.d
+
+    def apply(self, m: torch.Tensor) -> torch.Tensor:
+        k = m.shape[1]
+        return (self.f @ m.reshape(self.f.shape[1], -1)).reshape(-1, k)
+
+    def apply_t(self, y: torch.Tensor) -> torch.Tensor:
+        k = y.shape[1]
+        return (self.f.T @ y.reshape(self.f.shape[0], -1)).reshape(-1, k)
+
+    def rotated(self, u: torch.Tensor) -> TokenMixing:
+        return TokenMixing(u.T @ self.f, self.d)
+
+    def cross(self, other: Mixing, m: torch.Tensor) -> torch.Tensor:
+        if not isinstance(other, TokenMixing):
+            return self.apply_t(other.apply(m))
+        k = m.shape[1]  # (F^T F' (x) I) m: m^2 d k flops
+        return ((self.f.T @ other.f) @ m.reshape(other.f.shape[1], -1)).reshape(-1, k)
+
+    def dense(self) -> torch.Tensor:
+        eye = torch.eye(self.d, dtype=self.f.dtype, device=self.f.device)
+        return torch.einsum("ij,ab->iajb", self.f, eye).reshape(self.f.shape[0], self.d, -1)
+
+    @staticmethod
+    def cat(parts: list[TokenMixing]) -> TokenMixing:
+        return TokenMixing(torch.block_diag(*[p.f for p in parts]), parts[0].d)
+
+
+Mixing = DenseMixing | TokenMixing
+
+
+@dataclass
+class Factored:
+    """A block that factors per token: ``query_local``: [i, a, b, c] = left[i, a, b] right[i, c]
+    (a projection row i's output sees only through its own projection, dA_i = G_i dW x_i);
+    ``outer``: [i, a, b, c] = left[i, b] right[i, a, c] (softmax's keys: q_i[b] R_i[a, c]).
+    ``low_rank`` (E, Z) adds sum_j E[(i, a), j] Z[j, b, c], a correction of rank r (E a ``Mixing``
+    (T d, r), Z (r, d, D')): normalized attention's keys, whose normalisation couples each key's own
+    direction into every query's row (E dense, (T, d, r); a tensor is taken as that), and
+    Nyström's queries and keys, which reach every token through the landmarks (E = F (x) I_d)."""
+
+    kind: str  # "query_local" | "outer"
+    left: torch.Tensor
+    right: torch.Tensor
+    low_rank: tuple[Mixing, torch.Tensor] | None = None
+    cache: dict = field(default_factory=dict, repr=False, compare=False)  # products of the factors
+
+    def __post_init__(self) -> None:
+        if self.low_rank is not None and isinstance(self.low_rank[0], torch.Tensor):
+            self.low_rank = (DenseMixing(self.low_rank[0]), self.low_rank[1])
 
     @property
     def base(self) -> Factored:
@@ -106,8 +192,8 @@ class Factored:
         else:
             out = outer_right(self.left, self.right, out)
         if self.low_rank is not None:
-            e, z = self.low_rank
-            out += (e.reshape(-1, e.shape[-1]) @ z.reshape(z.shape[0], -1)).reshape(out.shape)
+            mix, z = self.low_rank
+            out += mix.apply(z.reshape(z.shape[0], -1)).reshape(out.shape)
         return out
 
     @staticmethod
@@ -115,13 +201,8 @@ class Factored:
         """Every sequence's rows; a correction of each stays within its own rows (block diagonal)."""
         low_rank = None
         if parts[0].low_rank is not None:
-            es = [p.low_rank[0] for p in parts]  # type: ignore[index]
-            e = es[0].new_zeros(sum(x.shape[0] for x in es), es[0].shape[1], sum(x.shape[2] for x in es))
-            i = j = 0
-            for x in es:
-                e[i : i + x.shape[0], :, j : j + x.shape[2]] = x
-                i, j = i + x.shape[0], j + x.shape[2]
-            low_rank = (e, torch.cat([p.low_rank[1] for p in parts]))  # type: ignore[index]
+            mixes = [p.low_rank[0] for p in parts]  # type: ignore[index]
+            low_rank = (type(mixes[0]).cat(mixes), torch.cat([p.low_rank[1] for p in parts]))  # type: ignore[index,arg-type]
         return Factored(
             parts[0].kind, torch.cat([p.left for p in parts]), torch.cat([p.right for p in parts]), low_rank
         )

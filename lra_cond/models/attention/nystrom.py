@@ -196,13 +196,6 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     return out
 
 
-def _through_landmarks(
-    f: torch.Tensor, fz: torch.Tensor, psi: torch.Tensor, via_b: torch.Tensor, shape: tuple[int, ...]
-) -> torch.Tensor:
-    """F Psi + (F Z) B' as one product [F | F Z] [Psi; B'] (no (L, d, d, D') temporaries to add)."""
-    return (torch.cat([f, fz], 1) @ torch.cat([psi.reshape(f.shape[1], -1), via_b], 0)).view(shape)
-
-
 def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> torch.Tensor:
     """Depthwise 'same' convolution of v (batch, heads, n, d) along n, one odd kernel per head
     (weight (heads, k)), shared over d: what ``conv2d`` with a (k, 1) kernel, padding (k // 2, 0) and
@@ -328,7 +321,11 @@ class NystromAttention(Attention, name="nystrom"):
         ``pinv_output_jacobian``):
             dO/dW_Q = G^F_i x_i + sum_r (F Z)_ir N_r x~_r + F Psi_Q,  dO/dW_K = q_i R^F_i + sum_r
             (F Z)_ir q~_r R^B_r + F Psi_K,  dO/dW_V = e_b (P X)_i,
-        G^F, R^F the softmax factors of F (values H, keys K~, inputs X~), N_r, R^B_r those of B."""
+        G^F, R^F the softmax factors of F (values H, keys K~, inputs X~), N_r, R^B_r those of B.
+        So Q and K are per-token factors (F's own terms) plus a correction that reaches token i only
+        through F's row: (F (x) I_d) W with W = Psi + Z [N_r x~_r or q~_r R^B_r] (m d x d D'), kept as
+        ``Factored`` with a ``TokenMixing`` correction: the probe never forms their 8192 x 2080
+        columns, and every Gram with them costs m d (d D')^2 instead of T d (d D')^2."""
         s = jac.attention_scale(inp.d)
         parts: dict[str, list[torch.Tensor]] = {b: [] for b in inp.blocks}
         for x in inp.xs:
@@ -355,20 +352,21 @@ class NystromAttention(Attention, name="nystrom"):
             w = torch.cat(ws, 1)
             weights = a[:, :, None] * (w[None] - (a @ w)[:, None])  # [r, t, :]
             y = torch.matmul(jz.view(m * d, m, m).transpose(0, 1), weights)  # [r, (r', a), :]
+            mixing = jac.TokenMixing(f, d)  # every landmark term reaches token i as F_i (Psi + Z B')
             if "q" in parts:
                 g_f = jac.softmax_query_factor(f, k_l, hv, s)
                 n_b = jac.softmax_query_factor(b, k, v, s)  # (m, d, d)
                 via_b = (n_b[:, :, :, None] * x_l[:, None, None, :]).reshape(m, -1)
                 psi = s * torch.einsum("rnb,rc->nbc", y[:, :, :d], x_l)  # [(r', a), b, c]
-                out = _through_landmarks(f, fz, psi, via_b, (length, d, d, -1))
-                parts["q"].append(out.addcmul_(g_f[:, :, :, None], x[:, None, None, :]))  # + query_local
+                low = torch.addmm(psi.reshape(m, -1), z, via_b).view(m * d, d, -1)
+                parts["q"].append(jac.Factored("query_local", g_f, x, (mixing, low)))
             if "k" in parts:
                 r_f = jac.softmax_key_factor(f, hv, x_l, s)
                 r_b = jac.softmax_key_factor(b, v, x, s)  # (m, d, D')
                 via_b = (q_l[:, None, :, None] * r_b[:, :, None, :]).reshape(m, -1)
                 psi = s * torch.einsum("rb,rnc->nbc", q_l, y[:, :, -x_l.shape[1] :])  # [(r', a), b, c]
-                out = _through_landmarks(f, fz, psi, via_b, (length, d, d, -1))
-                parts["k"].append(out.addcmul_(q[:, None, :, None], r_f[:, :, None, :]))  # + outer_right
+                low = torch.addmm(psi.reshape(m, -1), z, via_b).view(m * d, d, -1)
+                parts["k"].append(jac.Factored("outer", q, r_f, (mixing, low)))
         return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
