@@ -45,14 +45,19 @@ def top_eigenpair(
     cap = min(n, block * max_applications)
     q = torch.empty(n, cap, dtype=dtype, device=device)  # the Krylov basis, filled block by block
     aq = torch.empty_like(q)  # its images
+    # the Rayleigh-Ritz matrix Q^T A Q, grown by the newest block's rows and columns only (forming it
+    # whole each time cost ~n (block k)^2 per step: ~2.4 GFLOP over 34 steps at n = 5088)
+    h = torch.zeros(cap, cap, dtype=dtype, device=device)
     q[:, : start.shape[1]] = start
     lo, hi = 0, start.shape[1]  # the newest block: columns lo:hi
     result = None
     for k in range(max_applications):
         aq[:, lo:hi] = project(op(q[:, lo:hi]))
         qk, aqk = q[:, :hi], aq[:, :hi]
-        h = qk.T @ aqk
-        theta, s = torch.linalg.eigh((h + h.T) / 2)
+        h[:hi, lo:hi] = qk.T @ aq[:, lo:hi]
+        h[lo:hi, :lo] = q[:, lo:hi].T @ aq[:, :lo]
+        hk = h[:hi, :hi]
+        theta, s = torch.linalg.eigh((hk + hk.T) / 2)
         value, y = float(theta[-1]), s[:, -1]
         vector = qk @ y
         residual = float((aqk @ y - value * vector).norm())
