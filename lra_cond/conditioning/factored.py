@@ -24,7 +24,14 @@ def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
 
 def output_side(f: Factored) -> torch.Tensor:
     """L_b whitening the block's output side: the inverse Cholesky factor (transposed) of
-    sum_i,a,c J[(i, a), (b, c)] J[(i, a), (b', c)]."""
+    sum_i,a,c J[(i, a), (b, c)] J[(i, a), (b', c)]. A sum over the inputs, so any rotation of them
+    keeps it: formed once per block (kept in its cache) for every scope that preconditions it."""
+    if "output_side" not in f.cache:
+        f.cache["output_side"] = _output_side(f)
+    return f.cache["output_side"]
+
+
+def _output_side(f: Factored) -> torch.Tensor:
     if f.kind == "query_local":
         g_left = f.left.transpose(1, 2) @ f.left  # G_i^T G_i
         m = torch.einsum("ibe,i->be", g_left, f.right.square().sum(1))

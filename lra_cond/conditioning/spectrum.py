@@ -653,9 +653,10 @@ def _factored_scope(
     v_perp, v_par, k = _input_rotation(null, d, dim)
     if k != d * v_par.shape[1]:
         return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
-    rotated = factored.preconditioned(f, None, v_perp)  # the input side rotated
-    lb, w = factored.output_side(rotated), input_whitening(x @ v_perp)
-    pre = factored.preconditioned(rotated, lb, w)
+    # the par input coordinates carry null directions only (J vanishes there), so the output side
+    # over v_perp is the block's own (shared with the whole head's scope)
+    lb, w = factored.output_side(f), input_whitening(x @ v_perp)
+    pre = factored.preconditioned(f, lb, v_perp @ w)  # the input side rotated, then whitened
     t = Preconditioner()
     t.add_kron(lb, w)
     on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
