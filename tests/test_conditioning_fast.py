@@ -61,14 +61,14 @@ def test_head_jacobian_operator_equals_its_dense_matrix(family: str, closed_form
     """J v through the blocks as the family gave them (factors, the value block as Y, dense blocks)
     and the columns formed on demand equal the whole dense matrix's."""
     torch.manual_seed(3)
-    layer = build_attention(family, 8, 2, **({"num_landmarks": 4} if family == "nystrom" else {}))
+    layer = build_attention(family, 8, 2, **({"num_landmarks": 2} if family == "nystrom" else {}))
     x, mask = padded_input(3, 2, 12, 8)
     probe = linearise(layer, layer_norm(x) + 0.1, mask, "qkv")
     op = probe.head_jacobian_operator(1, closed_form)
     full = probe.ad_head_jacobian(1)
     size = op.size
     assert op.shape == full.shape
-    if closed_form and family != "nystrom":  # nystrom's Q and K come dense
+    if closed_form:  # nystrom's Q and K as factors too: 2 landmarks for 12 and 6 tokens
         assert set(op.factors) == {"q", "k"} - ({"k"} if family == "linear" else set())
         assert op.value_factor() is not None
     v = torch.randn(full.shape[1], 3, dtype=torch.float64)
@@ -80,6 +80,30 @@ def test_head_jacobian_operator_equals_its_dense_matrix(family: str, closed_form
     )
     torch.testing.assert_close(op.block("k"), full[:, size : 2 * size], **tol)
     torch.testing.assert_close(op.dense(), full, **tol)
+
+
+def test_nystrom_takes_its_factors_only_where_its_landmarks_are_few() -> None:
+    """Nystrom's Q and K are per-token factors plus a landmark correction E = F (x) I_d of rank m d
+    per sequence: factored where that rank is at most a third of the rows (one long sequence, few
+    landmarks), formed where the sequences are short (each of ~m tokens: the correction is as wide
+    as the rows); kappa and the per-block values equal the dense reference's either way."""
+    from lra_cond.models.attention.jacobian import TokenMixing
+
+    torch.manual_seed(5)
+    layer = build_attention("nystrom", 8, 2, num_landmarks=4)
+    for x, factored in (
+        (layer_norm(torch.randn(1, 40, 8, dtype=torch.float64)), True),
+        (layer_norm(torch.randn(4, 8, 8, dtype=torch.float64)), False),
+    ):
+        probe = linearise(layer, x, None, "qkv")
+        factors = probe.head_jacobian_operator(0).factors
+        assert set(factors) == ({"q", "k"} if factored else set())
+        assert all(isinstance(f.low_rank[0], TokenMixing) for f in factors.values())
+        fast, dense = jacobian_condition(layer, x), jacobian_condition(layer, x, method="dense")
+        assert fast.n_null == fast.n_null_expected == dense.n_null
+        assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
+        for b in "qkv":
+            assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8), b
 
 
 def test_every_family_has_a_closed_form() -> None:

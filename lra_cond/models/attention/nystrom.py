@@ -196,6 +196,22 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     return out
 
 
+# The landmark correction's rank m_e d adds up over a probe's sequences (each has its own landmarks),
+# while its Grams cost rank x (d D')^2 where the formed columns' cost ~(rows / 2) x (d D')^2
+# (measured at the reference shape, one sequence of 256 tokens, rank 2048 of 8192 rows: the probe
+# 57 -> 42 s on a 2-core AMD EPYC; the tiny split's four sequences of 40-150 tokens have rank 7680
+# of 8192 rows, where the factors took 101 s against the formed columns' ~20 s).
+FACTORED_RANK_FRACTION = 1 / 3
+
+
+def _factoring_pays(blocks: list[jac.Factored]) -> bool:
+    """Whether a block's landmark corrections, over every sequence, are of low enough rank that
+    its Grams are cheaper from the factors than from its formed columns."""
+    rank = sum(f.low_rank[0].rank for f in blocks)  # type: ignore[index]
+    rows = sum(f.left.shape[0] * f.left.shape[-1] for f in blocks)
+    return rank <= FACTORED_RANK_FRACTION * rows
+
+
 def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> torch.Tensor:
     """Depthwise 'same' convolution of v (batch, heads, n, d) along n, one odd kernel per head
     (weight (heads, k)), shared over d: what ``conv2d`` with a (k, 1) kernel, padding (k // 2, 0) and
@@ -327,7 +343,7 @@ class NystromAttention(Attention, name="nystrom"):
         ``Factored`` with a ``TokenMixing`` correction: the probe never forms their 8192 x 2080
         columns, and every Gram with them costs m d (d D')^2 instead of T d (d D')^2."""
         s = jac.attention_scale(inp.d)
-        parts: dict[str, list[torch.Tensor]] = {b: [] for b in inp.blocks}
+        parts: dict[str, list[jac.Part]] = {b: [] for b in inp.blocks}
         for x in inp.xs:
             t = self._sequence_parts(x, inp)
             q, k, v, q_l, k_l, x_l = t["q"], t["k"], t["v"], t["q_l"], t["k_l"], t["x_l"]
@@ -367,6 +383,9 @@ class NystromAttention(Attention, name="nystrom"):
                 psi = s * torch.einsum("rb,rnc->nbc", q_l, y[:, :, -x_l.shape[1] :])  # [(r', a), b, c]
                 low = torch.addmm(psi.reshape(m, -1), z, via_b).view(m * d, d, -1)
                 parts["k"].append(jac.Factored("outer", q, r_f, (mixing, low)))
+        for b in ("q", "k"):
+            if b in parts and not _factoring_pays(parts[b]):
+                parts[b] = [f.dense() for f in parts[b]]  # type: ignore[union-attr]
         return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
