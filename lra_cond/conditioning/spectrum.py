@@ -47,8 +47,8 @@ whose effect is undone exactly:
    ``method="qr"`` takes that route directly.
 
 When every block but V comes as factors (softmax; normalized, its K with a low-rank
-correction), the whole head never forms its
-rotated rows: the same Gram comes from the factors (``factored``; the value block as a Schur
+correction; nystrom, its Q and K with a landmark correction (F (x) I_d) W), the whole head never
+forms its rotated rows: the same Gram comes from the factors (``factored``; the value block as a Schur
 complement, the deflation by congruence, ``_factored_head``), the exact rows stay an operator
 (``DeflatedRows``), and because a Schur complement cancels, sigma_min is always taken from the
 exact J by the Rayleigh-Ritz step of 5 (measured: a normalized-attention head at kappa 2.6e8
@@ -868,7 +868,7 @@ def _factored_head(
     rtol: float,
     method: str,
 ) -> Extremes:
-    """The whole head when every block but V is given as factors (softmax, normalized: Q and K),
+    """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
 
     * each block's input side rotated to [V_perp | V_par] (``deflation``), then preconditioned:
