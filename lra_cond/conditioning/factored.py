@@ -78,7 +78,7 @@ def _mix_t_base(mix: Mixing, base: Factored) -> torch.Tensor:
     E = F (x) I_d that is B's rows rotated by F (T m d^2 p flops, nothing of size T d x r formed)."""
     if isinstance(mix, TokenMixing):
         return rows_rotated(base, mix.f)
-    return apply_t(base, mix.e.reshape(-1, mix.rank), base.left.shape[-1]).T
+    return apply_t(base, mix.flat, base.left.shape[-1]).T
 
 
 def _kron_layout(m: torch.Tensor, d: int, p1: int, p2: int) -> torch.Tensor:

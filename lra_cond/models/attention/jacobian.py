@@ -91,11 +91,15 @@ class DenseMixing:
     def rank(self) -> int:
         return self.e.shape[-1]
 
+    @property
+    def flat(self) -> torch.Tensor:  # E as (T d, r)
+        return self.e.reshape(-1, self.rank)
+
     def apply(self, m: torch.Tensor) -> torch.Tensor:  # E m, m (r, k) -> (T d, k)
-        return self.e.reshape(-1, self.rank) @ m
+        return self.flat @ m
 
     def apply_t(self, y: torch.Tensor) -> torch.Tensor:  # E^T y, y (T d, k) -> (r, k)
-        return matvec(self.e.reshape(-1, self.rank).T, y)
+        return matvec(self.flat.T, y)
 
     def rotated(self, u: torch.Tensor) -> DenseMixing:  # (U^T (x) I_d) E, U (T, r_u)
         t, d = self.e.shape[:2]
@@ -108,9 +112,9 @@ class DenseMixing:
         # T d (r + r') k (measured: normalized's probe 25 -> 38 s that way, k = d D' = 2080)
         if other is self:
             if self._gram is None:
-                self._gram = self.e.reshape(-1, self.rank).T @ self.e.reshape(-1, self.rank)
+                self._gram = self.flat.T @ self.flat
             return self._gram @ m
-        return (self.e.reshape(-1, self.rank).T @ other.e.reshape(-1, other.rank)) @ m
+        return (self.flat.T @ other.flat) @ m
 
     def dense(self) -> torch.Tensor:
         return self.e
