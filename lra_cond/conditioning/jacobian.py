@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.linearised import LinearisedLayer, linearise
 from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
@@ -149,7 +150,28 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
         part[rows] = sub
         parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
-    return ScopeNull(torch.cat(parts, 1) if len(parts) > 1 else parts[0], split), added
+    basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+    return ScopeNull(basis, split, structure=_structure(groups)), added
+
+
+def _structure(groups: list[NullGroup]) -> NullStructure | None:
+    """The groups outside V in closed form (``gauge``), or None when one of them has none."""
+    inputs: dict[str, list[torch.Tensor]] = {}
+    out = NullStructure()
+    for g in groups:
+        if g.blocks == {"v"}:
+            continue
+        if g.gauge is not None and out.gauge is None:
+            out.gauge = g.gauge
+        elif g.input_side is not None:
+            inputs.setdefault(next(iter(g.blocks)), []).append(g.input_side)
+        else:
+            return None
+    for b, ws in inputs.items():  # their union (a key shift holds the input's null directions)
+        w = torch.cat(ws, 1)
+        lam, vecs = torch.linalg.eigh(w @ w.T)
+        out.inputs[b] = vecs[:, lam > 1e-10 * max(float(lam[-1]), 1e-300)]
+    return out
 
 
 @dataclass

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from lra_cond.conditioning import gauge
 from lra_cond.conditioning.linearised import LinearisedLayer
 from lra_cond.conditioning.spectrum import NullGroup
 from lra_cond.linalg import RANK_RTOL, null_vectors
@@ -67,19 +68,25 @@ def _layout(blocks: tuple[str, ...], parts: dict[str, torch.Tensor], d: int, dim
 def candidates(
     probe: LinearisedLayer, h: int, blocks: tuple[str, ...], w0: torch.Tensor
 ) -> dict[str, NullGroup]:
-    """Every candidate group of head h for a scope over ``blocks``."""
+    """Every candidate group of head h for a scope over ``blocks``, each with its closed form
+    when it has one (``gauge``: input-side on one block, or the gauge of Q and K)."""
     d, dim = probe.head_dim, probe.dim
     out: dict[str, NullGroup] = {}
     if w0.shape[1]:
         for b in blocks:
-            out[f"input_null_{b}"] = NullGroup(
-                f"input_null_{b}", frozenset(b), _layout(blocks, {b: rows_equal(w0, d)}, d, dim)
-            )
-    for name, parts in probe.layer.symmetries(probe.head_inputs(h, blocks)).items():
+            directions = _layout(blocks, {b: rows_equal(w0, d)}, d, dim)
+            out[f"input_null_{b}"] = NullGroup(f"input_null_{b}", frozenset(b), directions, input_side=w0)
+    inp = probe.head_inputs(h, blocks)
+    for name, parts in probe.layer.symmetries(inp).items():
         parts = {b: p for b, p in parts.items() if p.shape[0]}
         if parts and set(parts) <= set(blocks):
             touched = frozenset(b for b, p in parts.items() if bool(p.abs().max() > 0))
-            out[name] = NullGroup(name, touched, _layout(blocks, parts, d, dim))
+            group = NullGroup(name, touched, _layout(blocks, parts, d, dim))
+            if len(touched) == 1:
+                group.input_side = gauge.input_side(parts[next(iter(touched))])
+            elif touched == {"q", "k"} and gauge.is_gauge(parts["q"], parts["k"], inp.w["q"], inp.w["k"]):
+                group.gauge = (inp.w["q"], inp.w["k"])
+            out[name] = group
     return out
 
 
@@ -102,10 +109,12 @@ def verified_groups(
         for h in heads:
             for name, g in list(cands[h].items()):
                 mapped = transform(h, g.directions)
+                if mapped is g.directions:  # no reduction: the group as it is
+                    continue
                 if float(mapped.norm()) <= 1e-10 * float(g.directions.norm()):
                     del cands[h][name]
                 else:
-                    cands[h][name] = NullGroup(g.name, g.blocks, mapped)
+                    cands[h][name] = NullGroup(g.name, g.blocks, mapped)  # reduced: no closed form
     size = len(blocks) * probe.head_dim * probe.dim
     zero = torch.zeros(size, 1, dtype=torch.float64, device=probe.x.device)
     sizes = [transform(h, zero).shape[0] if transform else size for h in heads]

@@ -72,7 +72,8 @@ from itertools import accumulate
 
 import torch
 
-from lra_cond.conditioning import factored
+from lra_cond.conditioning import factored, gauge
+from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
@@ -89,6 +90,10 @@ class NullGroup:
     name: str
     blocks: frozenset[str]
     directions: torch.Tensor  # (head_size of its scope, m)
+    # its closed form, when it has one (``gauge``): the null inputs W_b of a one-block input-side
+    # group (every u w^T, w in span W_b), or the (W~_Q, W~_K) of the gauge
+    input_side: torch.Tensor | None = None
+    gauge: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -105,6 +110,7 @@ class ScopeNull:
     dense: torch.Tensor | None = None  # (T * d, r)
     reduced: int = 0  # null directions already removed by the dense reduction (counted in n_null)
     dense_product: Callable[[torch.Tensor], torch.Tensor] | None = None  # M -> dense @ M, structured
+    structure: NullStructure | None = None  # every group outside V in closed form (``gauge``)
 
 
 @dataclass
@@ -867,6 +873,7 @@ def _factored_head(
     verified: int,
     rtol: float,
     method: str,
+    closed: gauge.GaugeComplement | None = None,
 ) -> Extremes:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
@@ -874,14 +881,22 @@ def _factored_head(
     * each block's input side rotated to [V_perp | V_par] (``deflation``), then preconditioned:
       L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
     * the par coordinates replaced by the complement of the null directions by congruence
-      (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram;
+      (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram; with ``closed``
+      (the null space is the gauge and null inputs) the complement's columns come from the blocks'
+      factors transformed by Kronecker products instead (``gauge``: no Householder pass, no
+      congruence);
     * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
       M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
 
     The exact rows (of the check, the refinement and sigma_max) and the value coupling C B are
     operators through the factors: neither is formed."""
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
-    basis = deflation(null, d, dim, n_b)
+    if closed is not None:
+        basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
+        if not _spans_null(basis, null):
+            closed, basis = None, deflation(null, d, dim, n_b)
+    else:
+        basis = deflation(null, d, dim, n_b)
     n_c, pcol = basis.comp.shape[1], 0
     # each block split by input side into its perp and its par coordinates, as separate factors
     # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
@@ -893,18 +908,28 @@ def _factored_head(
             w_perp = input_whitening(x @ perp)
             t_d.add_kron(lb, w_perp)
             perp_fs.append(factored.preconditioned(f, lb, perp @ w_perp))
-        par_fs.append(factored.preconditioned(f, lb, par))
-        ws = d * par.shape[1]  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
-        m_par.append((torch.linalg.inv(lb) @ basis.comp[pcol : pcol + ws].reshape(d, -1)).reshape(ws, n_c))
-        pcol += ws
-    m_par = torch.cat(m_par)
+        if closed is None:
+            par_fs.append(factored.preconditioned(f, lb, par))
+            ws = d * par.shape[1]  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
+            comp = basis.comp[pcol : pcol + ws].reshape(d, -1)
+            m_par.append((torch.linalg.inv(lb) @ comp).reshape(ws, n_c))
+            pcol += ws
     n_perp = sum(d * f.right.shape[-1] for f in perp_fs)
     # C' = C T on the perp coordinates and C' M on the complement; the Schur complement's pieces
     top_perp = _rows_rotated(perp_fs, u[:, :r_y], d)
-    top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
-    gm_par = _block_grams(par_fs, None, x) @ m_par
-    gm_perp = _block_grams(perp_fs, par_fs, x) @ m_par - top_perp.T @ top_c
-    h0 = m_par.T @ gm_par - gram(top_c)  # the complement's own Gram, for its whitening
+    if closed is None:
+        m_par = torch.cat(m_par)
+        top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
+        g_cc = m_par.T @ (_block_grams(par_fs, None, x) @ m_par)
+        g_pc = _block_grams(perp_fs, par_fs, x) @ m_par
+    else:
+        comp_fs, n_g = closed.factors(fs), d * d
+        top_c = closed.combine(*(factored.rows_rotated(f, u[:, :r_y]) for f in comp_fs))
+        g_cc = closed.gram(_block_grams(comp_fs, None, x))
+        g_pc = _block_grams(perp_fs, comp_fs, x) if perp_fs else x.new_zeros(0, 2 * n_g)
+        g_pc = closed.combine(g_pc[:, :n_g], g_pc[:, n_g:])
+    gm_perp = g_pc - top_perp.T @ top_c
+    h0 = g_cc - gram(top_c)  # the complement's own Gram, for its whitening
     eye = torch.eye(n_c, dtype=x.dtype, device=x.device)
     r_c = torch.linalg.cholesky_ex(h0 + 1e-10 * float(h0.diagonal().mean()) * eye, upper=True)[0]
     t_d.add_dense(r_c)
@@ -922,6 +947,14 @@ def _factored_head(
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
     return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
+
+
+def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
+    """Whether the closed-form basis is orthogonal to the verified null directions (random
+    combinations of them: a basis built from a wrong structure would not be)."""
+    gen = torch.Generator().manual_seed(0)
+    v = null @ torch.randn(null.shape[1], probes, generator=gen, dtype=null.dtype).to(null.device)
+    return bool(basis.apply_t(v).norm() <= gauge.GAUGE_RTOL * v.norm())
 
 
 def _rows_rotated(fs: list[Factored], u: torch.Tensor, d: int) -> torch.Tensor:
@@ -997,7 +1030,10 @@ def head_spectra(
             null_a = basis[:, ~v_part][keep]  # the null directions outside V, in the other blocks
             if all(b in factors for b in a_blocks):  # the Gram from the factors, no rows formed
                 fs = [factors[b] for b in a_blocks]
-                out[scope] = _factored_head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
+                closed = None
+                if null.structure is not None:
+                    closed = gauge.complement(null.structure, a_blocks, null_a.shape[1], d, dim)
+                out[scope] = _factored_head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method, closed)
                 continue
             (main, coupling), t = _deflate_columns(
                 [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real

@@ -1,0 +1,146 @@
+"""The whole head's Q/K null space in closed form, when it is the gauge plus input-side directions.
+
+Scores that see queries and keys only through inner products (softmax, nystrom) leave the gauge
+{(M A, -M^T B)} null (A = W~_Q, B = W~_K, M any d x d), and an input direction w that the scores
+cannot see (a null direction of the inputs, a key shift) leaves every u w^T null in its block. When a
+head's verified groups are exactly these (``NullStructure``), the orthogonal complement of their span
+has an orthonormal basis in closed form, with Kronecker structure:
+
+* per block, the input side splits into the null inputs W_b, the gauge's own input directions (the
+  rows of A_b = W~_b (I - W_b W_b^T), by its SVD A_b = U_b S_b Vh_b) and the rest, ``perp`` (free
+  of null directions: kept whole, as in ``spectrum.deflation``);
+* on the gauge's directions (d x d coordinates per block: output b, input Vh_b row c) the gauge is
+  (M U_Q S_Q, -M^T U_K S_K), and its complement is spanned by the d^2 orthonormal columns
+      (alpha_ij u^K_j (x) vh^Q_i,  beta_ij u^Q_i (x) vh^K_j),
+      alpha_ij = s^K_j / r_ij,  beta_ij = s^Q_i / r_ij,  r_ij = (s^Q_i^2 + s^K_j^2)^(1/2):
+  their inner product with a gauge direction is (alpha_ij s^Q_i - beta_ij s^K_j) u^K_j^T M u^Q_i = 0.
+
+So the complement's columns of J are two blocks' factors transformed by Kronecker products
+(``factors``: J_Q (U_K (x) Vh_Q^T) and J_K (U_Q (x) Vh_K^T)), reindexed and scaled (``combine``):
+their Grams cost T d^4 from the factors, where the Householder complement of a dense null basis
+(~2200 x 1100 at the reference shape) and its congruences cost ~15 GMAC per head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lra_cond.conditioning import factored
+from lra_cond.models.attention.jacobian import Factored
+
+GAUGE_RTOL = 1e-10  # a group is the gauge (or input-side) when its directions fit that form to this
+INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
+
+
+@dataclass
+class NullStructure:
+    """A scope's null space outside V as closed-form groups: the gauge of (W~_Q, W~_K), if verified,
+    and per block an orthonormal basis of its null inputs W_b (every u w^T, w in span W_b, null)."""
+
+    gauge: tuple[torch.Tensor, torch.Tensor] | None = None
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def input_side(directions: torch.Tensor) -> torch.Tensor | None:
+    """For one block's directions (m, d, D'): an orthonormal basis W (D', t) when they span exactly
+    {u w^T : w in span W} (m = d t independent directions), else None."""
+    m, d, dim = directions.shape
+    rows = directions.reshape(m * d, dim)
+    lam, vecs = torch.linalg.eigh(rows.T @ rows)
+    inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
+    t = int(inside.sum())
+    if m != d * t:
+        return None
+    flat = directions.reshape(m, -1)
+    g = flat @ flat.T
+    lam_g = torch.linalg.eigvalsh(g)
+    return vecs[:, inside] if float(lam_g[0]) > 1e-10 * float(lam_g[-1]) else None
+
+
+def is_gauge(dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor) -> bool:
+    """Whether every direction (dq_i, dk_i) (each (m, d, D')) is (M_i W_Q, -M_i^T W_K) for some M_i,
+    and there are d^2 of them (their rank is counted where the groups are joined)."""
+    d = w_q.shape[0]
+    if dq.shape[0] != d * d:
+        return False
+    m = dq @ torch.linalg.pinv(w_q)  # (m, d, d): the least-squares M_i
+    fit_q = (dq - m @ w_q).norm() <= GAUGE_RTOL * dq.norm()
+    fit_k = (dk + m.transpose(1, 2) @ w_k).norm() <= GAUGE_RTOL * max(float(dk.norm()), 1e-300)
+    return bool(fit_q and fit_k)
+
+
+@dataclass
+class GaugeComplement:
+    """An orthonormal basis of the complement of the gauge and the null inputs, per block (q, k):
+    ``perp`` (D', p_b) input directions kept whole, ``rows`` (D', d) the gauge's input directions
+    (Vh_b^T); and the d^2 columns on the latter, (alpha_ij u^K_j (x) e_i, beta_ij u^Q_i (x) e_j)."""
+
+    perp: list[torch.Tensor]
+    rows: list[torch.Tensor]
+    u: tuple[torch.Tensor, torch.Tensor]  # (U_Q, U_K)
+    alpha: torch.Tensor  # (d, d) [i, j]
+    beta: torch.Tensor
+
+    @property
+    def d(self) -> int:
+        return self.alpha.shape[0]
+
+    def comp(self) -> torch.Tensor:
+        """The d^2 columns as a dense (2 d^2, d^2) matrix on the blocks' ``rows`` coordinates
+        (rows (b, c): output b, input ``rows[:, c]``), for operators (a few MFLOP per product)."""
+        d, (u_q, u_k) = self.d, self.u
+        eye = torch.eye(d, dtype=u_q.dtype, device=u_q.device)
+        on_q = torch.einsum("bj,ci,ij->bcij", u_k, eye, self.alpha).reshape(d * d, d * d)
+        on_k = torch.einsum("bi,cj,ij->bcij", u_q, eye, self.beta).reshape(d * d, d * d)
+        return torch.cat([on_q, on_k])
+
+    def factors(self, fs: list[Factored]) -> list[Factored]:
+        """J_Q (U_K (x) Vh_Q^T) (columns (j, i)) and J_K (U_Q (x) Vh_K^T) (columns (i, j))."""
+        (u_q, u_k), (r_q, r_k) = self.u, self.rows
+        return [factored.preconditioned(fs[0], u_k, r_q), factored.preconditioned(fs[1], u_q, r_k)]
+
+    def _swap(self, m: torch.Tensor) -> torch.Tensor:
+        """Columns (j, i) -> (i, j)."""
+        d = self.d
+        return m.reshape(-1, d, d).transpose(1, 2).reshape(m.shape[0], d * d)
+
+    def combine(self, on_q: torch.Tensor, on_k: torch.Tensor) -> torch.Tensor:
+        """X comp from X's products with the two ``factors``' columns (each (n, d^2))."""
+        return self._swap(on_q) * self.alpha.reshape(-1) + on_k * self.beta.reshape(-1)
+
+    def gram(self, g: torch.Tensor) -> torch.Tensor:
+        """comp^T G comp from G, the Gram of the two ``factors``' columns side by side (2 d^2)."""
+        n = self.d * self.d
+        half = self.combine(g[:, :n], g[:, n:])  # G comp: (2 d^2, d^2)
+        return self.combine(half[:n].T, half[n:].T)
+
+
+def complement(
+    structure: NullStructure, blocks: list[str], k: int, d: int, dim: int
+) -> GaugeComplement | None:
+    """The closed-form complement for a null space of rank ``k`` over ``blocks``, or None when it
+    does not apply: no gauge, other blocks, a rank other than d^2 + d (t_Q + t_K) (other groups, or
+    directions shared between them), or gauge input directions that (nearly) lie among the null
+    inputs (the caller then deflates the dense basis)."""
+    if structure.gauge is None or blocks != ["q", "k"]:
+        return None
+    like = structure.gauge[0]
+    inputs = [structure.inputs.get(b, like.new_zeros(dim, 0)) for b in blocks]
+    if k != d * d + d * sum(w.shape[1] for w in inputs):
+        return None
+    perps, rows, us, ss = [], [], [], []
+    for w, a in zip(inputs, structure.gauge):
+        a_proj = a - (a @ w) @ w.T
+        u, s, vh = torch.linalg.svd(a_proj, full_matrices=False)
+        if float(s[-1]) <= INDEPENDENT_RTOL * float(s[0]):
+            return None
+        q = torch.linalg.qr(torch.cat([w, vh.T], 1), mode="complete").Q
+        perps.append(q[:, w.shape[1] + d :])
+        rows.append(vh.T)
+        us.append(u)
+        ss.append(s)
+    s_q, s_k = ss
+    r = torch.sqrt(s_q[:, None] ** 2 + s_k[None, :] ** 2)
+    return GaugeComplement(perps, rows, (us[0], us[1]), s_k[None, :] / r, s_q[:, None] / r)

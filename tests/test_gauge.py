@@ -1,0 +1,136 @@
+"""The gauge's complement in closed form (``conditioning/gauge.py``) against the dense null space it
+replaces: an orthonormal basis of exactly its orthogonal complement, the same kappa as the
+Householder deflation, and groups recognised only when they have that form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lra_cond.conditioning.spectrum as spectrum
+from lra_cond.conditioning import gauge, jacobian_condition
+from lra_cond.linalg import null_vectors
+from lra_cond.models.attention import build_attention
+from lra_cond.models.attention import jacobian as jac
+
+
+def _null_basis(w_q: torch.Tensor, w_k: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """The gauge and every u w^T (w in W_b) on [Q | K], densely: (2 d D', m)."""
+    d, dim = w_q.shape
+    g = jac.gauge(w_q, w_k)
+    cols = [torch.cat([g["q"].reshape(d * d, -1), g["k"].reshape(d * d, -1)], 1).T]
+    for i, w in enumerate(inputs):
+        side = jac.rows_equal(w, d).reshape(-1, d * dim)
+        zero = torch.zeros_like(side)
+        cols.append(torch.cat([side, zero] if i == 0 else [zero, side], 1).T)
+    return torch.cat(cols, 1)
+
+
+@pytest.mark.parametrize("t_q,t_k", [(0, 0), (1, 2), (2, 1)])
+def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(t_q: int, t_k: int) -> None:
+    gen = torch.Generator().manual_seed(t_q + 3 * t_k)
+    d, dim = 3, 7
+    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    inputs = [torch.linalg.qr(torch.randn(dim, t, generator=gen, dtype=torch.float64)).Q for t in (t_q, t_k)]
+    null = _null_basis(w_q, w_k, inputs)
+    k = torch.linalg.matrix_rank(null).item()
+    assert k == d * d + d * (t_q + t_k)
+    structure = gauge.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
+    closed = gauge.complement(structure, ["q", "k"], k, d, dim)
+    assert closed is not None
+    basis = spectrum.Deflation(closed.perp, closed.rows, closed.comp(), d)
+    b = basis.apply(torch.eye(basis.n, dtype=torch.float64))  # the basis in the blocks' layout
+    assert b.shape == (2 * d * dim, 2 * d * dim - k)
+    assert torch.allclose(b.T @ b, torch.eye(b.shape[1], dtype=torch.float64), atol=1e-13)
+    assert (b.T @ null).abs().max() < 1e-13 * null.abs().max()
+    # the complement's columns of J from the Kronecker-transformed factors: on a random "Jacobian"
+    # whose Q and K blocks are query_local factors, combine/gram equal the dense products
+    t = 5
+    fs = [
+        jac.Factored("query_local", torch.randn(t, d, d, generator=gen, dtype=torch.float64), x)
+        for x in (torch.randn(t, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    ]
+    cols = torch.cat([f.dense().reshape(t * d, -1) for f in fs], 1)
+    n_perp = sum(d * p.shape[1] for p in closed.perp)
+    comp_cols = cols @ b[:, n_perp:]
+    comp_fs = closed.factors(fs)
+    on = [f.dense().reshape(t * d, -1) for f in comp_fs]
+    assert torch.allclose(closed.combine(*on), comp_cols, atol=1e-12)
+    both = torch.cat(on, 1)
+    assert torch.allclose(closed.gram(both.T @ both), comp_cols.T @ comp_cols, atol=1e-11)
+
+
+def test_a_null_input_among_the_gauge_s_own_is_left_to_the_dense_deflation() -> None:
+    gen = torch.Generator().manual_seed(0)
+    d, dim = 3, 7
+    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    w = w_q[:1].T / w_q[0].norm()  # a row of W_Q itself is a null input: the forms overlap
+    structure = gauge.NullStructure((w_q, w_k), {"q": w})
+    assert gauge.complement(structure, ["q", "k"], d * d + d, d, dim) is None
+    structure = gauge.NullStructure((w_q, w_k), {})
+    assert gauge.complement(structure, ["q", "k"], d * d + 1, d, dim) is None  # another group
+    assert gauge.complement(gauge.NullStructure(None, {}), ["q", "k"], d * d, d, dim) is None
+
+
+def test_groups_are_recognised_only_in_their_closed_form() -> None:
+    gen = torch.Generator().manual_seed(1)
+    d, dim = 3, 6
+    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    g = jac.gauge(w_q, w_k)
+    assert gauge.is_gauge(g["q"], g["k"], w_q, w_k)
+    mixed = torch.randn(d * d, d * d, generator=gen, dtype=torch.float64)  # another basis of it
+    flat = torch.einsum("mn,nbc->mbc", mixed, g["q"]), torch.einsum("mn,nbc->mbc", mixed, g["k"])
+    assert gauge.is_gauge(*flat, w_q, w_k)
+    assert not gauge.is_gauge(g["q"], g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen), w_q, w_k)
+    assert not gauge.is_gauge(g["q"], -g["k"], w_q, w_k)  # (M W_Q, +M^T W_K): not a gauge
+    orth = jac.orthogonal_gauge(w_q, w_k)
+    assert not gauge.is_gauge(orth["q"], orth["k"], w_q, w_k)
+    w = null_vectors(torch.randn(4, dim, generator=gen, dtype=torch.float64))  # (dim, 2)
+    side = gauge.input_side(jac.rows_equal(w, d))
+    assert side is not None and side.shape == (dim, 2)
+    assert torch.allclose(side @ side.T, w @ w.T, atol=1e-13)  # the same span
+    assert gauge.input_side(jac.rows_equal(w, d)[:-1]) is None  # one u w^T missing
+    assert gauge.input_side(jac.scale(w_q)) is None  # W_Q itself: not of that form
+
+
+@pytest.mark.parametrize(
+    "family,options",
+    [
+        ("softmax", {}),
+        ("nystrom", {"num_landmarks": 12}),
+        ("nystrom", {"num_landmarks": 16, "pinv_iterations": 3, "conv_kernel": 5}),
+    ],
+    ids=lambda v: str(v),
+)
+def test_the_closed_form_gives_the_householder_deflation_s_kappa(
+    family: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Biases and a LayerNorm bias give null inputs on Q and K (and a key shift on K) beside the
+    gauge: the closed form takes the whole head and gives the same values as the dense deflation
+    (``gauge.complement`` returning None) and as dense."""
+    torch.manual_seed(3)
+    layer = build_attention(family, 16, 2, **options)
+    with torch.no_grad():
+        layer.q_proj.bias.normal_()
+        layer.k_proj.bias.normal_()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 64, 16, generator=gen, dtype=torch.float64)
+    x = torch.nn.functional.layer_norm(x, (16,)) + 0.3 * torch.randn(16, generator=gen, dtype=torch.float64)
+    taken = []
+    real = gauge.complement
+
+    def spy(*args):  # noqa: ANN002, ANN202
+        taken.append(real(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(gauge, "complement", spy)
+    closed = jacobian_condition(layer, x)
+    assert len(taken) == 2 and all(c is not None for c in taken)
+    monkeypatch.setattr(gauge, "complement", lambda *args: None)
+    householder = jacobian_condition(layer, x)
+    dense = jacobian_condition(layer, x, method="dense")
+    assert closed.n_null == householder.n_null == dense.n_null == closed.n_null_expected
+    assert closed.kappa == pytest.approx(householder.kappa, rel=1e-9)
+    assert closed.kappa == pytest.approx(dense.kappa, rel=1e-7)
+    for b in "qkv":
+        assert closed.per_block[b].kappa == pytest.approx(householder.per_block[b].kappa, rel=1e-9)
