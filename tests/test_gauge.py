@@ -132,5 +132,6 @@ def test_the_closed_form_gives_the_householder_deflation_s_kappa(
     assert closed.n_null == householder.n_null == dense.n_null == closed.n_null_expected
     assert closed.kappa == pytest.approx(householder.kappa, rel=1e-9)
     assert closed.kappa == pytest.approx(dense.kappa, rel=1e-7)
-    for b in "qkv":
-        assert closed.per_block[b].kappa == pytest.approx(householder.per_block[b].kappa, rel=1e-9)
+    for b in "qkv":  # the whole head takes a block's own pieces from its Gram alone: ~1e-9 apart
+        assert closed.per_block[b].kappa == pytest.approx(householder.per_block[b].kappa, rel=1e-8)
+        assert closed.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8)

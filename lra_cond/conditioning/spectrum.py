@@ -666,13 +666,22 @@ def _factored_scope(
     if k != d * v_par.shape[1]:
         return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
     # the par input coordinates carry null directions only (J vanishes there), so the output side
-    # over v_perp is the block's own (shared with the whole head's scope)
-    lb, w = factored.output_side(f), input_whitening(x @ v_perp)
-    pre = factored.preconditioned(f, lb, v_perp @ w)  # the input side rotated, then whitened
+    # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
+    # its input side rotated and whitened, may have been formed for the whole head (``_alone``)
+    cached = f.cache.get("alone")
+    if cached is not None and cached[0].shape == v_perp.shape and _same_span(cached[0], v_par):
+        v_perp = cached[0]
+    v_perp, w, _, g = _alone(f, v_perp, x)
     t = Preconditioner()
-    t.add_kron(lb, w)
+    t.add_kron(factored.output_side(f), w)
     on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
-    return [DeflatedRows([f], None, d, on_perp)], t, factored.cross_gram(pre, pre), None
+    return [DeflatedRows([f], None, d, on_perp)], t, g, None
+
+
+def _same_span(v: torch.Tensor, v_par: torch.Tensor) -> bool:
+    """Whether ``v`` (orthonormal) spans the orthogonal complement of ``v_par`` (sizes checked by
+    the caller)."""
+    return bool((v.T @ v_par).abs().max() <= 1e-12) if v_par.numel() else True
 
 
 class DeflatedRows:
@@ -901,11 +910,12 @@ def _factored_head(
     # each block split by input side into its perp and its par coordinates, as separate factors
     # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
     # below lands in that layout, no columns gathered
-    t_d, perp_fs, par_fs, m_par = Preconditioner(), [], [], []
+    t_d, perp_fs, par_fs, m_par, w_perps = Preconditioner(), [], [], [], []
     for f, perp, par in zip(fs, basis.perp, basis.par):
         lb = factored.output_side(f)  # a sum over the inputs: any rotation of them keeps it
+        w_perps.append(None)
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
-            w_perp = input_whitening(x @ perp)
+            w_perps[-1] = w_perp = input_whitening(x @ perp)
             t_d.add_kron(lb, w_perp)
             perp_fs.append(factored.preconditioned(f, lb, perp @ w_perp))
         if closed is None:
@@ -922,11 +932,13 @@ def _factored_head(
         top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
         g_cc = m_par.T @ (_block_grams(par_fs, None, x) @ m_par)
         g_pc = _block_grams(perp_fs, par_fs, x) @ m_par
+        g_pp = _block_grams(perp_fs, None, x)
     else:
         comp_fs, n_g = closed.factors(fs), d * d
         top_c = closed.combine(*(factored.rows_rotated(f, u[:, :r_y]) for f in comp_fs))
-        g_cc = closed.gram(_block_grams(comp_fs, None, x))
-        g_pc = _block_grams(perp_fs, comp_fs, x) if perp_fs else x.new_zeros(0, 2 * n_g)
+        g = _closed_grams(fs, closed, w_perps, perp_fs + comp_fs, x)
+        g_pp, g_pc = g[:n_perp, :n_perp], g[:n_perp, n_perp:]
+        g_cc = closed.gram(g[n_perp:, n_perp:])
         g_pc = closed.combine(g_pc[:, :n_g], g_pc[:, n_g:])
     gm_perp = g_pc - top_perp.T @ top_c
     h0 = g_cc - gram(top_c)  # the complement's own Gram, for its whitening
@@ -934,7 +946,7 @@ def _factored_head(
     r_c = torch.linalg.cholesky_ex(h0 + 1e-10 * float(h0.diagonal().mean()) * eye, upper=True)[0]
     t_d.add_dense(r_c)
     h = x.new_empty(n_perp + n_c, n_perp + n_c)
-    h[:n_perp, :n_perp] = _block_grams(perp_fs, None, x) - gram(top_perp)
+    h[:n_perp, :n_perp] = g_pp - gram(top_perp)
     h[:n_perp, n_perp:] = torch.linalg.solve_triangular(r_c, gm_perp, upper=True, left=False)
     h[n_perp:, :n_perp] = h[:n_perp, n_perp:].T
     h[n_perp:, n_perp:] = torch.linalg.solve_triangular(
@@ -947,6 +959,77 @@ def _factored_head(
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
     return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
+
+
+def _alone(
+    f: Factored, v: torch.Tensor, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Factored, torch.Tensor]:
+    """Block f alone with its input side restricted to ``v`` (D', p orthonormal: the complement of
+    its null inputs): (v, W, the factors of J (L_b (x) v W), their Gram), formed once (kept in its
+    cache): the block's own scope (``_factored_scope``) and the whole head's pieces of that block
+    (``_closed_grams``) share it."""
+    cached = f.cache.get("alone")
+    if cached is None or cached[0] is not v:
+        w = input_whitening(x @ v)
+        pre = factored.preconditioned(f, factored.output_side(f), v @ w)
+        f.cache["alone"] = (v, w, pre, factored.cross_gram(pre, pre))
+    return f.cache["alone"]
+
+
+def _kron_congruence(
+    g: torch.Tensor, o1: torch.Tensor, m1: torch.Tensor, o2: torch.Tensor, m2: torch.Tensor
+) -> torch.Tensor:
+    """(O1 (x) M1)^T G (O2 (x) M2) for G (d p, d p) in the (b, c) layout: ~(d p)^2 p flops."""
+    d, p = o1.shape[0], m1.shape[0]
+    t = torch.einsum("bcBC,cj->bjBC", g.reshape(d, p, d, p), m1)
+    t = torch.einsum("bjBC,bi->ijBC", t, o1)
+    t = torch.einsum("ijBC,CJ->ijBJ", t, m2)
+    t = torch.einsum("ijBJ,BI->ijIJ", t, o2)
+    return t.reshape(d * m1.shape[1], d * m2.shape[1])
+
+
+def _closed_grams(
+    fs: list[Factored],
+    closed: gauge.GaugeComplement,
+    w_perps: list[torch.Tensor | None],
+    pieces: list[Factored],
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's
+    two factors, as in ``_factored_head``). Pairs of pieces of one block are congruences of that
+    block's own Gram (``_alone``) by its pieces' transforms relative to it, O (x) M with
+    M = W^-1 v^T (input side) and O = L_b^-1 (output side): ~(d p)^2 p flops where the factors take
+    T d^2 p^2 (and a correction m d (d p)^2: nystrom's); pairs across blocks come from the factors."""
+    d = closed.d
+    alone = [_alone(f, torch.cat([rows, perp], 1), x) for f, rows, perp in zip(fs, closed.rows, closed.perp)]
+    owner, transform = [], []
+    for b, (perp, w_perp) in enumerate(zip(closed.perp, w_perps)):
+        if w_perp is not None:
+            v, w, _, _ = alone[b]
+            owner.append(b)
+            transform.append((None, torch.linalg.solve(w, v.T @ perp @ w_perp)))
+    for b, f in enumerate(fs):
+        v, w, _, _ = alone[b]
+        o = torch.linalg.solve(factored.output_side(f), closed.u[1 - b])  # U_K for Q, U_Q for K
+        owner.append(b)
+        transform.append((o, torch.linalg.solve(w, v.T @ closed.rows[b])))
+    eye = torch.eye(d, dtype=x.dtype, device=x.device)
+    offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
+    g = x.new_empty(offsets[-1], offsets[-1])
+    for i, pi in enumerate(pieces):
+        for j in range(i, len(pieces)):
+            rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
+            if owner[i] == owner[j]:
+                (o1, m1), (o2, m2) = transform[i], transform[j]
+                alone = fs[owner[i]].cache["alone"][3]
+                g[rows, cols] = _kron_congruence(
+                    alone, eye if o1 is None else o1, m1, eye if o2 is None else o2, m2
+                )
+            else:
+                g[rows, cols] = factored.cross_gram(pi, pieces[j])
+            if j != i:
+                g[cols, rows] = g[rows, cols].T
+    return g
 
 
 def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
