@@ -976,16 +976,20 @@ def _alone(
     return f.cache["alone"]
 
 
-def _kron_congruence(
-    g: torch.Tensor, o1: torch.Tensor, m1: torch.Tensor, o2: torch.Tensor, m2: torch.Tensor
-) -> torch.Tensor:
-    """(O1 (x) M1)^T G (O2 (x) M2) for G (d p, d p) in the (b, c) layout: ~(d p)^2 p flops."""
-    d, p = o1.shape[0], m1.shape[0]
-    t = torch.einsum("bcBC,cj->bjBC", g.reshape(d, p, d, p), m1)
-    t = torch.einsum("bjBC,bi->ijBC", t, o1)
-    t = torch.einsum("ijBC,CJ->ijBJ", t, m2)
-    t = torch.einsum("ijBJ,BI->ijIJ", t, o2)
-    return t.reshape(d * m1.shape[1], d * m2.shape[1])
+def _kron_left(g: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
+    """(O (x) M)^T G for G (d p, n) in the (b, c) row layout (O None: the identity), as two GEMMs."""
+    t = m.T @ g.reshape(d, m.shape[0], -1)  # (d, p', n): every output b at once
+    if o is not None:
+        t = o.T @ t.reshape(d, -1)
+    return t.reshape(d * m.shape[1], -1)
+
+
+def _kron_right(a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
+    """A (O (x) M) for A (n, d p) in the (b, c) column layout."""
+    t = a.reshape(a.shape[0], d, m.shape[0]) @ m  # (n, d, p')
+    if o is not None:
+        t = o.T @ t  # batched over the rows: (d, d) x (d, p')
+    return t.reshape(a.shape[0], d * m.shape[1])
 
 
 def _closed_grams(
@@ -996,35 +1000,42 @@ def _closed_grams(
     x: torch.Tensor,
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's
-    two factors, as in ``_factored_head``). Pairs of pieces of one block are congruences of that
-    block's own Gram (``_alone``) by its pieces' transforms relative to it, O (x) M with
-    M = W^-1 v^T (input side) and O = L_b^-1 (output side): ~(d p)^2 p flops where the factors take
-    T d^2 p^2 (and a correction m d (d p)^2: nystrom's); pairs across blocks come from the factors."""
+    two factors, as in ``_factored_head``). For a block with a low-rank correction (nystrom's),
+    pairs of its own pieces are congruences of the block's Gram alone (``_alone``) by the pieces'
+    transforms relative to it, O (x) M with M = W^-1 v^T on the input side and O = L_b^-1 on the
+    output side: ~(d p)^2 p flops where the correction's Grams take m d (d p)^2 again. Every other
+    pair comes from the factors (T d^2 p^2: cheaper than the congruence without a correction)."""
     d = closed.d
-    alone = [_alone(f, torch.cat([rows, perp], 1), x) for f, rows, perp in zip(fs, closed.rows, closed.perp)]
-    owner, transform = [], []
+    owner, transform, alone = [], [], {}
+    for b, f in enumerate(fs):
+        if f.low_rank is not None:
+            alone[b] = _alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
     for b, (perp, w_perp) in enumerate(zip(closed.perp, w_perps)):
         if w_perp is not None:
-            v, w, _, _ = alone[b]
             owner.append(b)
-            transform.append((None, torch.linalg.solve(w, v.T @ perp @ w_perp)))
+            transform.append(
+                None
+                if b not in alone
+                else (None, torch.linalg.solve(alone[b][1], alone[b][0].T @ perp @ w_perp))
+            )
     for b, f in enumerate(fs):
-        v, w, _, _ = alone[b]
-        o = torch.linalg.solve(factored.output_side(f), closed.u[1 - b])  # U_K for Q, U_Q for K
         owner.append(b)
-        transform.append((o, torch.linalg.solve(w, v.T @ closed.rows[b])))
-    eye = torch.eye(d, dtype=x.dtype, device=x.device)
+        if b in alone:
+            v, w = alone[b][:2]
+            o = torch.linalg.solve(factored.output_side(f), closed.u[1 - b])  # U_K for Q, U_Q for K
+            transform.append((o, torch.linalg.solve(w, v.T @ closed.rows[b])))
+        else:
+            transform.append(None)
     offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
     g = x.new_empty(offsets[-1], offsets[-1])
     for i, pi in enumerate(pieces):
+        left = None
         for j in range(i, len(pieces)):
             rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
-            if owner[i] == owner[j]:
-                (o1, m1), (o2, m2) = transform[i], transform[j]
-                alone = fs[owner[i]].cache["alone"][3]
-                g[rows, cols] = _kron_congruence(
-                    alone, eye if o1 is None else o1, m1, eye if o2 is None else o2, m2
-                )
+            if owner[i] == owner[j] and transform[i] is not None:
+                if left is None:
+                    left = _kron_left(alone[owner[i]][3], *transform[i], d)
+                g[rows, cols] = _kron_right(left, *transform[j], d)
             else:
                 g[rows, cols] = factored.cross_gram(pi, pieces[j])
             if j != i:
