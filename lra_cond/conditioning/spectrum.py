@@ -1006,26 +1006,29 @@ def _closed_grams(
     output side: ~(d p)^2 p flops where the correction's Grams take m d (d p)^2 again. Every other
     pair comes from the factors (T d^2 p^2: cheaper than the congruence without a correction)."""
     d = closed.d
-    owner, transform, alone = [], [], {}
+    alone = {}  # block -> its Gram alone, for the blocks with a correction
     for b, f in enumerate(fs):
         if f.low_rank is not None:
             alone[b] = _alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
+
+    def relative(b: int, o: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
+        """Block b's piece with output side L_b O and input side ``w_in``, as (O, M) relative to
+        the block's Gram alone (M = W^-1 v^T w_in); None where it has none."""
+        if b not in alone:
+            return None
+        v, w = alone[b][:2]
+        return o, torch.linalg.solve(w, v.T @ w_in)
+
+    owner, transform = [], []  # per piece, in ``pieces`` order: perp ones, then the complement's
     for b, (perp, w_perp) in enumerate(zip(closed.perp, w_perps)):
         if w_perp is not None:
             owner.append(b)
-            transform.append(
-                None
-                if b not in alone
-                else (None, torch.linalg.solve(alone[b][1], alone[b][0].T @ perp @ w_perp))
-            )
+            transform.append(relative(b, None, perp @ w_perp))
     for b, f in enumerate(fs):
-        owner.append(b)
-        if b in alone:
-            v, w = alone[b][:2]
-            o = torch.linalg.solve(factored.output_side(f), closed.u[1 - b])  # U_K for Q, U_Q for K
-            transform.append((o, torch.linalg.solve(w, v.T @ closed.rows[b])))
-        else:
-            transform.append(None)
+        owner.append(b)  # output side U_K for Q's complement factor, U_Q for K's
+        transform.append(
+            relative(b, torch.linalg.solve(factored.output_side(f), closed.u[1 - b]), closed.rows[b])
+        )
     offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
     g = x.new_empty(offsets[-1], offsets[-1])
     for i, pi in enumerate(pieces):
