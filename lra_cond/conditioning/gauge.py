@@ -43,20 +43,25 @@ class NullStructure:
     inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def row_space(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Orthonormal bases (span, complement) of the span of ``rows`` (n, D') and of its orthogonal
+    complement, from the eigenvectors of rows^T rows (eigenvalues above 1e-10 of the largest)."""
+    lam, vecs = torch.linalg.eigh(rows.T @ rows)
+    inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
+    return vecs[:, inside], vecs[:, ~inside]
+
+
 def input_side(directions: torch.Tensor) -> torch.Tensor | None:
     """For one block's directions (m, d, D'): an orthonormal basis W (D', t) when they span exactly
     {u w^T : w in span W} (m = d t independent directions), else None."""
     m, d, dim = directions.shape
-    rows = directions.reshape(m * d, dim)
-    lam, vecs = torch.linalg.eigh(rows.T @ rows)
-    inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
-    t = int(inside.sum())
-    if m != d * t:
+    span = row_space(directions.reshape(m * d, dim))[0]
+    if m != d * span.shape[1]:
         return None
     flat = directions.reshape(m, -1)
     g = flat @ flat.T
     lam_g = torch.linalg.eigvalsh(g)
-    return vecs[:, inside] if float(lam_g[0]) > 1e-10 * float(lam_g[-1]) else None
+    return span if float(lam_g[0]) > 1e-10 * float(lam_g[-1]) else None
 
 
 def is_gauge(dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor) -> bool:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from lra_cond.conditioning import gauge
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.linearised import LinearisedLayer, linearise
@@ -168,9 +169,7 @@ def _structure(groups: list[NullGroup]) -> NullStructure | None:
         else:
             return None
     for b, ws in inputs.items():  # their union (a key shift holds the input's null directions)
-        w = torch.cat(ws, 1)
-        lam, vecs = torch.linalg.eigh(w @ w.T)
-        out.inputs[b] = vecs[:, lam > 1e-10 * max(float(lam[-1]), 1e-300)]
+        out.inputs[b] = gauge.row_space(torch.cat(ws, 1).T)[0]
     return out
 
 

@@ -648,10 +648,8 @@ def _input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor,
     k = null.shape[1]
     if not k:
         return torch.eye(dim, dtype=null.dtype, device=null.device), null.new_zeros(dim, 0), 0
-    flat = null.T.reshape(k * d, dim)
-    lam, vecs = torch.linalg.eigh(flat.T @ flat)
-    inside = lam > 1e-10 * max(float(lam[-1]), 1e-300)
-    return vecs[:, ~inside], vecs[:, inside], k
+    v_par, v_perp = gauge.row_space(null.T.reshape(k * d, dim))
+    return v_perp, v_par, k
 
 
 def _factored_scope(
