@@ -197,19 +197,23 @@ class Preconditioner:
 
         return self._each(v, fn)
 
-    def right(self, a: torch.Tensor) -> torch.Tensor:
-        """a @ T for a (m, n)."""
+    def right(self, a: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """a @ T for a (m, n); a @ T^{-1} with ``inverse``."""
         out, start = [], 0
         for kind, n, mats in self.parts:
             block = a[:, start : start + n]
             if kind == "kron":
-                lb, w = mats[0], mats[1]
+                lb, w = mats[2:] if inverse else mats[:2]
                 d, p = lb.shape[0], w.shape[0]
                 tmp = (block.reshape(-1, p) @ w).reshape(-1, d, p)  # input side, then the output side
                 out.append((lb.T @ tmp).reshape(a.shape[0], n))  # in place: no transposed copies
+            elif inverse:  # T = R^{-1}
+                out.append(block @ mats[0])
             else:
                 out.append(torch.linalg.solve_triangular(mats[0], block, upper=True, left=False))
             start += n
+        if not out:  # no parts: a has no columns
+            return a
         return out[0] if len(out) == 1 else torch.cat(out, 1)
 
 
@@ -341,7 +345,7 @@ class _Factor:
     With ``null`` (regularised), R^T R = J^T J + N Z N^T: every vector is projected off N."""
 
     rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
-    c: torch.Tensor | DeflatedRows | None  # (n_V, n_A) coupling rows of the rest in the value rows
+    c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
     r: torch.Tensor  # (n_A, n_A) upper triangular R'
     t: Preconditioner
     rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
@@ -354,7 +358,7 @@ class _Factor:
     # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
     # ``matvec``, which reads either layout at row-major speed without a copy
     def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
-        return _product(self.c.T, y)
+        return matvec(self.c.T, y)
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
@@ -382,7 +386,7 @@ class _Factor:
         low = self.t.solve_t(matvec(self.gram, self.t.solve(ua)))
         if self.rv is None:
             return low
-        top = self.rv[:, None] * u[: self.n_v] + _product(self.c, ua)
+        top = self.rv[:, None] * u[: self.n_v] + matvec(self.c, ua)
         return torch.cat([self.rv[:, None] * top, self._c_t(top) + low])
 
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
@@ -390,7 +394,7 @@ class _Factor:
         low = matvec(self.r, self.t.solve(ua))
         if self.rv is None:
             return low
-        return torch.cat([self.rv[:, None] * u[: self.n_v] + _product(self.c, ua), low])
+        return torch.cat([self.rv[:, None] * u[: self.n_v] + matvec(self.c, ua), low])
 
     def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
         if self.rv is None:
@@ -406,7 +410,7 @@ class _Factor:
         wv = uv / self.rv[:, None]
         wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t(wv)), upper=False)
         za = self.t.apply(torch.linalg.solve_triangular(self.r, wa, upper=True))
-        return torch.cat([(wv - _product(self.c, za)) / self.rv[:, None], za])
+        return torch.cat([(wv - matvec(self.c, za)) / self.rv[:, None], za])
 
     def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J u with the exact (unfactored) rows: [value rows; every row block], (m, k)."""
@@ -417,7 +421,7 @@ class _Factor:
             return out
         low = [_product(rows, ua) for rows in self.rows]
         if self.rv is not None:
-            low.insert(0, self.rv[:, None] * u[: self.n_v] + _product(self.c, ua))
+            low.insert(0, self.rv[:, None] * u[: self.n_v] + matvec(self.c, ua))
         return torch.cat(low)
 
     def exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
@@ -446,9 +450,7 @@ class _Factor:
         if self.rv is None:
             return a
         zeros = a.new_zeros(a.shape[0], self.n_v)
-        return torch.cat(
-            [torch.cat([torch.diag(self.rv), _materialised(self.c)], 1), torch.cat([zeros, a], 1)]
-        )
+        return torch.cat([torch.cat([torch.diag(self.rv), self.c], 1), torch.cat([zeros, a], 1)])
 
 
 def _triangular(
@@ -895,8 +897,8 @@ def _factored_head(
     * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
       M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
 
-    The exact rows (of the check, the refinement and sigma_max) and the value coupling C B are
-    operators through the factors: neither is formed."""
+    The exact rows (of the check, the refinement and sigma_max) are an operator through the
+    factors, never formed; the value coupling C B is, from the Schur complement's pieces."""
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
     if closed is not None:
         basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
@@ -925,6 +927,7 @@ def _factored_head(
     n_perp = sum(d * f.right.shape[-1] for f in perp_fs)
     # C' = C T on the perp coordinates and C' M on the complement; the Schur complement's pieces
     top_perp = _rows_rotated(perp_fs, u[:, :r_y], d)
+    c_perp = t_d.right(top_perp, inverse=True)  # C on the perp coordinates (t_d: only theirs yet)
     if closed is None:
         m_par = torch.cat(m_par)
         top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
@@ -951,7 +954,10 @@ def _factored_head(
         r_c.T, torch.linalg.solve_triangular(r_c, h0, upper=True, left=False), upper=False
     )
     rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
-    coupling = DeflatedRows(fs, u[:, :r_y], d, basis)  # C B, an operator too: never formed
+    # C B formed (~50 MB at the reference shape; its pieces are formed anyway): the inverse Gram's
+    # products read it, where the factors' operator re-reads nystrom's corrections Z (~140 MB):
+    # measured 78 -> 36 ms per Lanczos step there, the same for softmax and normalized
+    coupling = torch.cat([c_perp, top_c], 1)
     value = (s_y[:r_y].repeat_interleave(d), coupling)
     joint = DeflatedRows(fs, u, d, basis)  # [C B; rows]: u's columns are [Q_Y | Q_perp]
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
