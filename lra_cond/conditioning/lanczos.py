@@ -7,6 +7,13 @@ known null space, so the iteration stays in its orthogonal complement. The large
 from a Rayleigh-Ritz step on the whole basis. For a symmetric operator the Ritz value is within the
 residual norm r of an eigenvalue, and within r^2 / gap of the largest one once r is below the gap to
 the second Ritz value; the pair is converged when that bound is below ``tol`` times the value.
+
+The basis grows by the residuals A y - theta y of the top ``block`` Ritz pairs (orthogonalised): in
+exact arithmetic the same space as the newest block's images (each residual lies in the next Krylov
+block), but it lets the first block be wider than the rest. A caller that knows a near-degenerate
+top cluster passes its directions as ``start``: one wide application resolves the cluster, where a
+block narrower than the cluster needs one step per split (measured: a nystrom head, whose top
+eigenvalues sit within 0.1% of each other, 34 -> 13 steps).
 """
 
 from __future__ import annotations
@@ -37,19 +44,24 @@ def top_eigenpair(
     tol: float = 1e-10,
     max_applications: int = 100,
     seed: int = 0,
+    start: torch.Tensor | None = None,
 ) -> TopEigenpair:
-    """Largest eigenvalue of ``project . op . project`` and its eigenvector."""
+    """Largest eigenvalue of ``project . op . project`` and its eigenvector. ``start`` (n, s): directions
+    the first block holds next to ``block`` random ones."""
     gen = torch.Generator().manual_seed(seed)
     block = max(1, min(block, n))
-    start = torch.linalg.qr(project(torch.randn(n, block, generator=gen, dtype=dtype).to(device))).Q
-    cap = min(n, block * max_applications)
-    q = torch.empty(n, cap, dtype=dtype, device=device)  # the Krylov basis, filled block by block
+    first = torch.randn(n, block, generator=gen, dtype=dtype).to(device)
+    if start is not None:
+        first = torch.cat([start.to(dtype), first], 1)[:, :n]
+    first = torch.linalg.qr(project(first)).Q
+    cap = min(n, first.shape[1] + block * max_applications)
+    q = torch.empty(n, cap, dtype=dtype, device=device)  # the basis, filled block by block
     aq = torch.empty_like(q)  # its images
     # the Rayleigh-Ritz matrix Q^T A Q, grown by the newest block's rows and columns only (forming it
     # whole each time cost ~n (block k)^2 per step: ~2.4 GFLOP over 34 steps at n = 5088)
     h = torch.zeros(cap, cap, dtype=dtype, device=device)
-    q[:, : start.shape[1]] = start
-    lo, hi = 0, start.shape[1]  # the newest block: columns lo:hi
+    q[:, : first.shape[1]] = first
+    lo, hi = 0, first.shape[1]  # the newest block: columns lo:hi
     result = None
     for k in range(max_applications):
         aq[:, lo:hi] = project(op(q[:, lo:hi]))
@@ -58,20 +70,22 @@ def top_eigenpair(
         h[lo:hi, :lo] = q[:, lo:hi].T @ aq[:, :lo]
         hk = h[:hi, :hi]
         theta, s = torch.linalg.eigh((hk + hk.T) / 2)
-        value, y = float(theta[-1]), s[:, -1]
-        vector = qk @ y
-        residual = float((aqk @ y - value * vector).norm())
+        value, ys = float(theta[-1]), s[:, -block:]
+        vectors = qk @ ys
+        residuals = aqk @ ys - vectors * theta[-block:]
+        residual = float(residuals[:, -1].norm())
         gap = value - float(theta[-2]) if theta.numel() > 1 else 0.0
         bound = residual if residual >= gap else min(residual, residual**2 / gap)
+        vector = vectors[:, -1]
         result = TopEigenpair(value, vector / vector.norm(), k + 1, bound <= tol * abs(value) or hi >= n)
         if result.converged:
             return result
-        w = aq[:, lo:hi]
+        w = residuals
         for _ in range(2):  # "twice is enough" (Kahan/Parlett) for full reorthogonalisation
             w = w - qk @ (qk.T @ w)
         qw, rw = torch.linalg.qr(project(w))
         keep = rw.diagonal().abs() > 1e-12 * max(abs(value), 1e-300)
-        if not bool(keep.any()):  # the Krylov space is invariant: the Ritz pair is exact
+        if not bool(keep.any()):  # the space is invariant: the Ritz pair is exact
             result.converged = True
             return result
         new = qw[:, keep][:, : cap - hi]
