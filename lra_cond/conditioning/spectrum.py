@@ -369,7 +369,7 @@ class _Factor:
         vectors: with a value part, J's top eigenvalues start as that d-fold one, split by the
         coupling into a cluster (measured within 0.1-5% on nystrom heads), which ``top_eigenpair``
         resolves in one wide step from them."""
-        if self.rv is None:
+        if self.rv is None or self.null is not None:  # (a regularised scope never has a value part)
             return None
         size = int((self.rv == self.rv[0]).sum())  # repeat_interleave: exact copies
         return torch.eye(self.n, size, dtype=self.rv.dtype, device=self.rv.device)
