@@ -1027,12 +1027,14 @@ def _closed_grams(
         if f.low_rank is not None:
             alone[b] = _alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
 
-    def relative(b: int, o: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
-        """Block b's piece with output side L_b O and input side ``w_in``, as (O, M) relative to
-        the block's Gram alone (M = W^-1 v^T w_in); None where it has none."""
+    def relative(b: int, u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
+        """Block b's piece with output side ``u_out`` (None: L_b) and input side ``w_in``, as (O, M)
+        relative to the block's Gram alone (O = L_b^-1 u_out, M = W^-1 v^T w_in); None where it
+        has none (then neither solve is needed)."""
         if b not in alone:
             return None
         v, w = alone[b][:2]
+        o = None if u_out is None else torch.linalg.solve(factored.output_side(fs[b]), u_out)
         return o, torch.linalg.solve(w, v.T @ w_in)
 
     owner, transform = [], []  # per piece, in ``pieces`` order: perp ones, then the complement's
@@ -1040,11 +1042,9 @@ def _closed_grams(
         if w_perp is not None:
             owner.append(b)
             transform.append(relative(b, None, perp @ w_perp))
-    for b, f in enumerate(fs):
+    for b in range(len(fs)):
         owner.append(b)  # output side U_K for Q's complement factor, U_Q for K's
-        transform.append(
-            relative(b, torch.linalg.solve(factored.output_side(f), closed.u[1 - b]), closed.rows[b])
-        )
+        transform.append(relative(b, closed.u[1 - b], closed.rows[b]))
     offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
     g = x.new_empty(offsets[-1], offsets[-1])
     for i, pi in enumerate(pieces):
