@@ -1,4 +1,4 @@
-from lra_cond.cli import main
+from lra_cond.cli import console_main
 
 if __name__ == "__main__":
-    main()
+    console_main()

@@ -94,3 +94,28 @@ def test_prepare_command_builds_cache(tmp_path):
     manifest = json.loads((tmp_path / "d/listops/tiny/prepared/manifest.json").read_text())
     assert manifest["sizes"] == {"train": 512, "val": 128, "test": 128}
     assert manifest["seed"] == 0 and manifest["source"] == "generated"
+
+
+def test_console_main_freezes_the_collector_after_main_even_on_error(monkeypatch):
+    """``python -m lra_cond`` freezes the garbage collector once the command is done (a quick
+    interpreter shutdown), also when it exits with an error; ``main`` itself (in-process callers)
+    leaves the collector alone."""
+    import gc
+
+    from lra_cond import cli
+
+    calls = []
+
+    def failing_main() -> None:
+        calls.append(gc.get_freeze_count())
+        raise SystemExit(2)
+
+    gc.unfreeze()
+    monkeypatch.setattr(cli, "main", failing_main)
+    try:
+        with pytest.raises(SystemExit):
+            cli.console_main()
+        assert calls == [0]  # not frozen while the command runs
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
