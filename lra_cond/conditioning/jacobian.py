@@ -51,6 +51,7 @@ from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.jacobian import Support
 
 METHODS = ("gram", "qr", "dense")
+SPAN_RTOL = 1e-6  # a group's direction counts when this far from the span of those before it
 # Exact null singular values come out of float64 svdvals at <= ~4e-16 sigma_max (measured on every
 # family's probes); genuine small ones reach down to ~2.5e-13 sigma_max: linear attention, whose
 # query features pass near 0 at some token (phi = exp(q) vs q + 1 differ by ~q^2 / 2 there), has
@@ -140,11 +141,15 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     if not groups:
         return ScopeNull(like.new_zeros(size, 0), True), []
     supports = [g.directions.abs().amax(1) > 0 for g in groups]
+    structure = _structure(groups)
     parts, added = [], [0] * len(groups)
     for members in _row_components(supports):
         rows = torch.stack([supports[i] for i in members]).any(0)
         order = sorted(members, key=lambda i: groups[i].directions.shape[1])
-        sub, added_sorted = span_union([groups[i].directions[rows] for i in order])
+        # the gauge joined last after null inputs alone (``structure``): independent in closed form
+        known = structure is not None and groups[order[-1]].unit_gauge
+        known = known and gauge.pivot_bound(structure) > 10 * SPAN_RTOL
+        sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL, known)
         for i, n in zip(order, added_sorted):
             added[i] = n
         part = like.new_zeros(size, sub.shape[1])
@@ -152,7 +157,7 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
         parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
     basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-    return ScopeNull(basis, split, structure=_structure(groups)), added
+    return ScopeNull(basis, split, structure=structure), added
 
 
 def _structure(groups: list[NullGroup]) -> NullStructure | None:

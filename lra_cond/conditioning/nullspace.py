@@ -84,8 +84,10 @@ def candidates(
             group = NullGroup(name, touched, _layout(blocks, parts, d, dim))
             if len(touched) == 1:
                 group.input_side = gauge.input_side(parts[next(iter(touched))])
-            elif touched == {"q", "k"} and gauge.is_gauge(parts["q"], parts["k"], inp.w["q"], inp.w["k"]):
-                group.gauge = (inp.w["q"], inp.w["k"])
+            elif touched == {"q", "k"}:
+                m = gauge.gauge_fit(parts["q"], parts["k"], inp.w["q"], inp.w["k"])
+                if m is not None:
+                    group.gauge, group.unit_gauge = (inp.w["q"], inp.w["k"]), gauge.is_unit_basis(m)
             out[name] = group
     return out
 

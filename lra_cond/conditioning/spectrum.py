@@ -94,6 +94,7 @@ class NullGroup:
     # group (every u w^T, w in span W_b), or the (W~_Q, W~_K) of the gauge
     input_side: torch.Tensor | None = None
     gauge: tuple[torch.Tensor, torch.Tensor] | None = None
+    unit_gauge: bool = False  # the gauge's M_i are the unit matrices (``gauge.is_unit_basis``)
 
 
 @dataclass
