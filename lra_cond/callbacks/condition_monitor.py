@@ -23,6 +23,7 @@ from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, 
 from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
+from lra_cond.heap import heap_kept
 from lra_cond.models.attention.base import attention_layers
 from lra_cond.run_dir import run_dir_of, update_metrics
 
@@ -148,10 +149,9 @@ class ConditionNumberMonitor(pl.Callback):
         copy64 = float64_copy(model)
         device = next(model.parameters()).device
         layers = capture_layer_inputs(copy64, {k: v.to(device) for k, v in probe.items()})
-        return [
-            jacobian_condition(layer, x, mask, method=self.method, per_block=self.per_block, rtol=self.rtol)
-            for layer, x, mask in layers
-        ]
+        with heap_kept():  # its 50-75 MB blocks reused, not mapped afresh (``lra_cond.heap``)
+            settings = {"method": self.method, "per_block": self.per_block, "rtol": self.rtol}
+            return [jacobian_condition(layer, x, mask, **settings) for layer, x, mask in layers]
 
     def _entry(self, trainer: pl.Trainer, results: list, seconds: float) -> dict[str, Any]:
         epoch = epochs_at(trainer)

@@ -1,0 +1,50 @@
+"""Large blocks kept in the process while a condition-number probe runs (glibc only).
+
+glibc serves every allocation above its mmap threshold (at most 32 MB: a probe's Gram matrices,
+factors and couplings are 50-75 MB each at the reference shape) with a fresh mapping, and unmaps
+it when freed, so the next one page-faults its way in again: ~1.1 million minor faults in one
+softmax probe at the reference shape (4.4 GB of freshly zeroed pages, measured). While the probe
+runs, mapping is off (``M_MMAP_MAX`` 0): freed blocks stay in the heap and are reused. Afterwards
+it is on again, and ``malloc_trim`` hands the probe's free memory back to the system.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters
+MMAP_THRESHOLD = 32 << 20  # glibc's dynamic thresholds' steady state (the largest mmap threshold)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt, libc.malloc_trim  # noqa: B018 (both must exist)
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+@contextmanager
+def heap_kept() -> Iterator[None]:
+    """Within: every allocation from the heap, freed memory kept for reuse. After: glibc's policy
+    as it settles by itself once a large block has been freed (its dynamic thresholds, which any
+    mallopt of these switches off): blocks above 32 MB mapped, free heap above 64 MB returned."""
+    libc = _glibc()
+    if libc is None:
+        yield
+        return
+    libc.mallopt(M_MMAP_MAX, 0)
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    try:
+        yield
+    finally:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
+        libc.mallopt(M_MMAP_MAX, 65536)
+        libc.malloc_trim(0)
