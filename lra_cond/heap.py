@@ -30,20 +30,30 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
+_depth = 0  # nested uses: only the outermost switches the policy
+
+
 @contextmanager
 def heap_kept() -> Iterator[None]:
     """Within: every allocation from the heap, freed memory kept for reuse. After: glibc's policy
     as it settles by itself once a large block has been freed (its dynamic thresholds, which any
     mallopt of these switches off): blocks above 32 MB mapped, free heap above 64 MB returned."""
+    global _depth
     libc = _glibc()
-    if libc is None:
-        yield
+    if libc is None or _depth:
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
         return
     libc.mallopt(M_MMAP_MAX, 0)
     libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    _depth += 1
     try:
         yield
     finally:
+        _depth -= 1
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
         libc.mallopt(M_MMAP_MAX, 65536)

@@ -58,3 +58,14 @@ def test_the_policy_is_restored_when_the_probe_raises() -> None:
     assert _resident_mb() < resident + 16
     pages = BLOCK // resource.getpagesize()
     assert _touched(BLOCK) > pages // 2 and _touched(BLOCK) > pages // 2
+
+
+def test_a_nested_use_keeps_the_outer_policy() -> None:
+    """Leaving an inner ``heap_kept`` does not switch mapping back on under an outer one."""
+    torch.set_num_threads(1)
+    pages = BLOCK // resource.getpagesize()
+    with heap_kept():
+        with heap_kept():
+            _touched(BLOCK)
+        assert _touched(BLOCK * 3 // 4) < pages // 100  # still reused
+    assert _touched(BLOCK) > pages // 2
