@@ -1,9 +1,10 @@
 """Large blocks kept in the process while a condition-number probe runs (glibc only).
 
-glibc serves every allocation above its mmap threshold (at most 32 MB: a probe's Gram matrices,
-factors and couplings are 50-75 MB each at the reference shape) with a fresh mapping, and unmaps
-it when freed, so the next one page-faults its way in again: ~1.1 million minor faults in one
-softmax probe at the reference shape (4.4 GB of freshly zeroed pages, measured). While the probe
+glibc serves an allocation above its mmap threshold (at most 32 MB: a probe's Gram matrices,
+factors and couplings are 50-75 MB each at the reference shape) that its free memory cannot hold
+with a fresh mapping, and unmaps it when freed, so the next one page-faults its way in again: ~1.1
+million minor faults in one softmax probe at the reference shape (4.4 GB of freshly zeroed pages,
+measured). While the probe
 runs, mapping is off (``M_MMAP_MAX`` 0): freed blocks stay in the heap and are reused. Afterwards
 it is on again, and ``malloc_trim`` hands the probe's free memory back to the system.
 """
