@@ -41,21 +41,17 @@ def heap_kept() -> Iterator[None]:
     mallopt of these switches off): blocks above 32 MB mapped, free heap above 64 MB returned."""
     global _depth
     libc = _glibc()
-    if libc is None or _depth:
-        _depth += 1
-        try:
-            yield
-        finally:
-            _depth -= 1
-        return
-    libc.mallopt(M_MMAP_MAX, 0)
-    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    switch = libc is not None and not _depth
+    if switch:
+        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
     _depth += 1
     try:
         yield
     finally:
         _depth -= 1
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
-        libc.mallopt(M_MMAP_MAX, 65536)
-        libc.malloc_trim(0)
+        if switch:
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
+            libc.mallopt(M_MMAP_MAX, 65536)
+            libc.malloc_trim(0)
