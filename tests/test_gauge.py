@@ -140,16 +140,16 @@ def test_groups_are_recognised_only_in_their_closed_form() -> None:
     d, dim = 3, 6
     w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
     g = jac.gauge(w_q, w_k)
-    assert gauge.is_gauge(g["q"], g["k"], w_q, w_k)
+    assert gauge.gauge_fit(g["q"], g["k"], w_q, w_k) is not None
     mixed = torch.randn(d * d, d * d, generator=gen, dtype=torch.float64)  # another basis of it
     flat = torch.einsum("mn,nbc->mbc", mixed, g["q"]), torch.einsum("mn,nbc->mbc", mixed, g["k"])
-    assert gauge.is_gauge(*flat, w_q, w_k)
+    assert gauge.gauge_fit(*flat, w_q, w_k) is not None
     assert gauge.is_unit_basis(gauge.gauge_fit(g["q"], g["k"], w_q, w_k))
     assert not gauge.is_unit_basis(gauge.gauge_fit(*flat, w_q, w_k))  # a gauge, another basis
-    assert not gauge.is_gauge(g["q"], g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen), w_q, w_k)
-    assert not gauge.is_gauge(g["q"], -g["k"], w_q, w_k)  # (M W_Q, +M^T W_K): not a gauge
+    assert gauge.gauge_fit(g["q"], g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen), w_q, w_k) is None
+    assert gauge.gauge_fit(g["q"], -g["k"], w_q, w_k) is None  # (M W_Q, +M^T W_K): not a gauge
     orth = jac.orthogonal_gauge(w_q, w_k)
-    assert not gauge.is_gauge(orth["q"], orth["k"], w_q, w_k)
+    assert gauge.gauge_fit(orth["q"], orth["k"], w_q, w_k) is None
     w = null_vectors(torch.randn(4, dim, generator=gen, dtype=torch.float64))  # (dim, 2)
     side = gauge.input_side(jac.rows_equal(w, d))
     assert side is not None and side.shape == (dim, 2)

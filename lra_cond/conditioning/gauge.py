@@ -79,11 +79,6 @@ def gauge_fit(
     return m if bool(fit_q and fit_k) else None
 
 
-def is_gauge(dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor) -> bool:
-    """Whether (dq, dk) are d^2 gauge directions (``gauge_fit``)."""
-    return gauge_fit(dq, dk, w_q, w_k) is not None
-
-
 def is_unit_basis(m: torch.Tensor) -> bool:
     """Whether the M_i are the unit matrices E_ac in ``jac.gauge``'s order (index a d + c): an
     orthonormal set, so each one's distance to the span of the others is 1."""
