@@ -12,7 +12,7 @@ __all__ = ["LraDataModule", "TASKS", "TaskSpec"]
 
 def __getattr__(name: str) -> type:
     # LraDataModule on first use: it imports Lightning (~7 s here), which the registry's users
-    # (``--help``, ``prepare``, ``report``) never need (``--help``: 9.5 -> 3.8 s, measured)
+    # (``--help``, ``prepare``) never need (``--help``: 9.5 -> 3.8 s, measured)
     if name == "LraDataModule":
         from lra_cond.data.datamodule import LraDataModule
 
