@@ -43,18 +43,24 @@ def matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return m @ v
 
 
-def gram(a: torch.Tensor, panels: int = 4) -> torch.Tensor:
-    """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops)."""
+def gram(
+    a: torch.Tensor, panels: int = 4, add_to: torch.Tensor | None = None, alpha: float = 1.0
+) -> torch.Tensor:
+    """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops); with ``add_to``,
+    ``add_to + alpha a^T a`` in place (a symmetric ``add_to``)."""
     n = a.shape[1]
     if n < 512:
-        return a.T @ a
+        return a.T @ a if add_to is None else add_to.addmm_(a.T, a, alpha=alpha)
     edges = [round(i * n / panels) for i in range(panels + 1)]
-    out = torch.empty(n, n, dtype=a.dtype, device=a.device)
+    out = torch.empty(n, n, dtype=a.dtype, device=a.device) if add_to is None else add_to
     for i in range(panels):
         ci = slice(edges[i], edges[i + 1])
         for j in range(i, panels):
             cj = slice(edges[j], edges[j + 1])
-            out[ci, cj] = a[:, ci].T @ a[:, cj]
+            if add_to is None:
+                out[ci, cj] = a[:, ci].T @ a[:, cj]
+            else:
+                out[ci, cj].addmm_(a[:, ci].T, a[:, cj], alpha=alpha)
             if j != i:
                 out[cj, ci] = out[ci, cj].T
     return out
@@ -95,6 +101,14 @@ def orthonormal_columns(
         q = (m @ vecs[:, keep]) / lam[keep].sqrt()
     chol = torch.linalg.cholesky(gram(q), upper=True)
     return torch.linalg.solve_triangular(chol, q, upper=True, left=False)
+
+
+def orthonormal_basis(m: torch.Tensor) -> torch.Tensor:
+    """Orthonormal basis of the span of full-rank ``m``, every column kept: ``orthonormal_columns``
+    (two Cholesky-QR passes, ~4x faster than Householder QR on these tall matrices), or
+    Householder QR when m's columns are too close to dependent for it."""
+    q = orthonormal_columns(m)
+    return q if q.shape[1] == m.shape[1] else torch.linalg.qr(m).Q
 
 
 def span_union(

@@ -355,12 +355,22 @@ def test_a_factored_head_applies_its_exact_rows_as_one_operator(
     gen = torch.Generator().manual_seed(0)
     for f in joint:
         apart, dense = replace(f, joint=None), f.dense()
-        u = torch.randn(f.n, 3, generator=gen, dtype=torch.float64)
+        # the formed matrix's columns: the factor's coordinates, less any regularised null
+        # directions (normalized's head: its orthogonal gauge; none in V) by their complement
+        basis = torch.eye(f.n, dtype=torch.float64)
+        if f.null is not None:
+            assert family == "normalized" and not bool(f.null[: f.n_v].any())
+            comp = spectrum._complement(*torch.geqrf(f.null[f.n_v :]))
+            basis = torch.block_diag(basis[: f.n_v, : f.n_v], comp)
+            torch.testing.assert_close(basis.T @ basis, torch.eye(basis.shape[1], dtype=torch.float64))
+            assert float((f.null.T @ basis).abs().max()) < 1e-12
+        u = torch.randn(dense.shape[1], 3, generator=gen, dtype=torch.float64)
         y = torch.randn(dense.shape[0], 3, generator=gen, dtype=torch.float64)
-        torch.testing.assert_close(f.exact_apply(u), apart.exact_apply(u), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(f.exact_apply(u), dense @ u, rtol=1e-10, atol=1e-10)
+        full = basis @ u
+        torch.testing.assert_close(f.exact_apply(full), apart.exact_apply(full), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.exact_apply(full), dense @ u, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(f.exact_apply_t(y), apart.exact_apply_t(y), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(f.exact_apply_t(y), dense.T @ y, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(basis.T @ f.exact_apply_t(y), dense.T @ y, rtol=1e-10, atol=1e-10)
 
 
 def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
@@ -439,6 +449,24 @@ def test_preconditioner_pieces_are_consistent() -> None:
 def test_gram_is_a_transpose_a() -> None:
     a = torch.randn(50, 700, dtype=torch.float64)
     torch.testing.assert_close(spectrum.gram(a), a.T @ a)
+    for n in (700, 300):  # panels, and one product below 512 columns
+        b, c = torch.randn(40, n, dtype=torch.float64), torch.randn(n, n, dtype=torch.float64)
+        sym = c + c.T
+        out = linalg.gram(b, add_to=sym.clone(), alpha=0.5)
+        torch.testing.assert_close(out, sym + 0.5 * b.T @ b)
+
+
+def test_orthonormal_basis_keeps_every_column_of_a_full_rank_matrix() -> None:
+    """Cholesky-QR where the columns are well apart, Householder QR where they are nearly
+    dependent (1e-9 apart: orthonormal_columns would drop one); always orthonormal, same span."""
+    gen = torch.Generator().manual_seed(0)
+    m = torch.randn(200, 12, generator=gen, dtype=torch.float64)
+    near = torch.cat([m, m[:, :1] + 1e-9 * torch.randn(200, 1, generator=gen, dtype=torch.float64)], 1)
+    for a in (m, near):
+        q = linalg.orthonormal_basis(a)
+        assert q.shape == a.shape
+        torch.testing.assert_close(q.T @ q, torch.eye(a.shape[1], dtype=torch.float64), rtol=0, atol=1e-13)
+        torch.testing.assert_close(q @ (q.T @ a), a, rtol=0, atol=1e-12)
 
 
 def test_scope_null_takes_groups_on_disjoint_rows_apart() -> None:
@@ -735,13 +763,14 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
         return real_solve(rows, t, value, *args, null=null, **kwargs)
 
     monkeypatch.setattr(spectrum, "_solve", spy)
-    # per head: the whole head, then Q and K; without its scale, K's declared nulls are all
+    # per head: the whole head (its orthogonal gauge has no closed-form complement: few
+    # directions, regularised), then Q and K; without its scale, K's declared nulls are all
     # input-side (the key shift) and are deflated instead
     for layer, k_kept in ((build_attention("normalized", 8, 2), True), (NoKeyScale(8, 2), False)):
         regularised.clear()
         fast = jacobian_condition(layer, x)
         dense = jacobian_condition(layer, x, method="dense")
-        assert regularised == [False, True, k_kept] * 2
+        assert regularised == [True, True, k_kept] * 2
         for b in "qk":
             assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8), b
             assert fast.per_block[b].n_null == dense.per_block[b].n_null, b

@@ -18,9 +18,10 @@ whose effect is undone exactly:
    to relative accuracy ~eps * kappa(J_A T)^2 (Ostrowski: R = R' T^{-1} satisfies
    R^T R = T^{-T} (G' + E) T^{-1} with ||G'^{-1/2} E G'^{-1/2}|| <= c eps kappa(G')).
 3. **Null space: deflated or regularised.** The whole head's null space (the gauge: ~1/3 of its
-   columns) is deflated by orthogonal transformations (``_deflate_columns``): every block's input
-   side is rotated so that the null directions live in a few input coordinates, and only those are
-   replaced by their complement. A scope with few null directions (k <= n / 4,
+   columns; normalized attention's orthogonal gauge, ~1/8, is regularised as below:
+   ``_factored_head_kept``) is deflated by orthogonal transformations (``_deflate_columns``):
+   every block's input side is rotated so that the null directions live in a few input
+   coordinates, and only those are replaced by their complement. A scope with few null directions (k <= n / 4,
    ``REGULARISE_RATIO``: most blocks alone, linear attention's whole head) keeps every coordinate
    and its Kronecker preconditioner, and the null space is regularised instead: G' + beta Q_B
    Q_B^T, Q_B an orthonormal basis of T^T N, is positive definite and equals
@@ -76,7 +77,7 @@ from lra_cond.conditioning import factored, gauge
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, gram, matvec, orthonormal_basis, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
@@ -370,7 +371,7 @@ class _Factor:
         vectors: with a value part, J's top eigenvalues start as that d-fold one, split by the
         coupling into a cluster (measured within 0.1-5% on nystrom heads), which ``top_eigenpair``
         resolves in one wide step from them."""
-        if self.rv is None or self.null is not None:  # (a regularised scope never has a value part)
+        if self.rv is None:  # (the cluster lies in V: clear of any regularised null direction)
             return None
         size = int((self.rv == self.rv[0]).sum())  # repeat_interleave: exact copies
         return torch.eye(self.n, size, dtype=self.rv.dtype, device=self.rv.device)
@@ -455,13 +456,14 @@ class _Factor:
 
     def dense(self) -> torch.Tensor:
         """The exact matrix whose singular values these are (for the svdvals fallback)."""
-        a = torch.cat([_materialised(r) for r in self.rows])
-        if self.null is not None:  # the complement of the regularised null directions
-            a = a @ _complement(*torch.geqrf(self.null))
+        a, c = torch.cat([_materialised(r) for r in self.rows]), self.c
+        if self.null is not None:  # the complement of the regularised null directions (none in V)
+            comp = _complement(*torch.geqrf(self.null[self.n_v :]))
+            a, c = a @ comp, None if c is None else c @ comp
         if self.rv is None:
             return a
         zeros = a.new_zeros(a.shape[0], self.n_v)
-        return torch.cat([torch.cat([torch.diag(self.rv), self.c], 1), torch.cat([zeros, a], 1)])
+        return torch.cat([torch.cat([torch.diag(self.rv), c], 1), torch.cat([zeros, a], 1)])
 
 
 def _triangular(
@@ -483,8 +485,8 @@ def _triangular(
             g = gram(pre[0])
             for p in pre[1:]:
                 g = g + gram(p)
-        if reg is not None:
-            g = torch.addmm(g, reg, reg.T, alpha=float(g.diagonal().mean()))
+        if reg is not None:  # (a copy: the caller's Gram stays unregularised)
+            g = gram(reg.T, add_to=g.clone(), alpha=float(g.diagonal().mean()))
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky", g
@@ -609,7 +611,7 @@ def _solve(
     fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
-    reg = None if null is None else torch.linalg.qr(t.apply_t(null[null.shape[0] - t.size :])).Q
+    reg = None if null is None else orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]))
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
     if method == "qr":
@@ -677,7 +679,7 @@ def _factored_scope(
     (``_factored_kept``) and all of them are returned (an orthonormal basis)."""
     v_perp, v_par, k = _input_rotation(null, d, dim)
     if k != d * v_par.shape[1]:
-        return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
+        return (*_factored_kept([f], None, d, x), orthonormal_basis(null))
     # the par input coordinates carry null directions only (J vanishes there), so the output side
     # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
     # its input side rotated and whitened, may have been formed for the whole head (``_alone``)
@@ -916,8 +918,10 @@ def _factored_head(
     if closed is not None:
         basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
         if not _spans_null(basis, null):
-            closed, basis = None, deflation(null, d, dim, n_b)
-    else:
+            closed = None
+    if closed is None:
+        if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
+            return _factored_head_kept(fs, u, r_y, s_y, null, x, verified, rtol, method)
         basis = deflation(null, d, dim, n_b)
     n_c, pcol = basis.comp.shape[1], 0
     # each block split by input side into its perp and its par coordinates, as separate factors
@@ -976,6 +980,43 @@ def _factored_head(
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
     return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
+
+
+def _factored_head_kept(
+    fs: list[Factored],
+    u: torch.Tensor,
+    r_y: int,
+    s_y: torch.Tensor,
+    null: torch.Tensor,
+    x: torch.Tensor,
+    verified: int,
+    rtol: float,
+    method: str,
+) -> Extremes:
+    """``_factored_head`` for a null space without a closed form but with few directions
+    (normalized attention's: its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every
+    coordinate keeps its Kronecker preconditioner L_b (x) W and the null directions (all outside
+    V) are regularised as in ``_factored_kept``. The value block's Schur complement
+    T^T G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their
+    rotated rows, where deflating takes a Householder complement and four congruences by it
+    (measured ~1.4 s a head at the reference shape)."""
+    d, dim = fs[0].left.shape[-1], fs[0].right.shape[-1]
+    t, pre, w = Preconditioner(), [], input_whitening(x)
+    for f in fs:
+        lb = factored.output_side(f)
+        t.add_kron(lb, w)
+        pre.append(factored.preconditioned(f, lb, w))
+    top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
+    h = _block_grams(pre, None, x)
+    h -= gram(top)
+    n_v = r_y * d
+    # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
+    null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
+    identity = deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
+    rows = [DeflatedRows(fs, u[:, r_y:], d, identity)]
+    value = (s_y[:r_y].repeat_interleave(d), t.right(top, inverse=True))
+    joint = DeflatedRows(fs, u, d, identity)
+    return _solve(rows, t, value, verified, rtol, method, g=h, null=null_q, refine=True, joint=joint)
 
 
 def _alone(
@@ -1161,7 +1202,7 @@ def head_spectra(
             continue
         raw = [jac.block(b) for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
-            null_q = torch.linalg.qr(basis).Q
+            null_q = orthonormal_basis(basis)
             if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
                 fs = [factors[b] for b in sb]
                 rows, t, g = _factored_kept(fs, extra[0] if extra else None, d, x_real, null.dense_product)
