@@ -103,14 +103,6 @@ def orthonormal_columns(
     return torch.linalg.solve_triangular(chol, q, upper=True, left=False)
 
 
-def orthonormal_basis(m: torch.Tensor) -> torch.Tensor:
-    """Orthonormal basis of the span of full-rank ``m``, every column kept: ``orthonormal_columns``
-    (two Cholesky-QR passes, ~4x faster than Householder QR on these tall matrices), or
-    Householder QR when m's columns are too close to dependent for it."""
-    q = orthonormal_columns(m)
-    return q if q.shape[1] == m.shape[1] else torch.linalg.qr(m).Q
-
-
 def span_union(
     mats: list[torch.Tensor], rtol: float = 1e-6, last_independent: bool = False
 ) -> tuple[torch.Tensor, list[int]]:

@@ -77,7 +77,7 @@ from lra_cond.conditioning import factored, gauge
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.linalg import RANK_RTOL, gram, matvec, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
@@ -611,7 +611,7 @@ def _solve(
     fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
-    reg = None if null is None else orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]))
+    reg = None if null is None else torch.linalg.qr(t.apply_t(null[null.shape[0] - t.size :])).Q
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
     if method == "qr":
@@ -679,7 +679,7 @@ def _factored_scope(
     (``_factored_kept``) and all of them are returned (an orthonormal basis)."""
     v_perp, v_par, k = _input_rotation(null, d, dim)
     if k != d * v_par.shape[1]:
-        return (*_factored_kept([f], None, d, x), orthonormal_basis(null))
+        return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
     # the par input coordinates carry null directions only (J vanishes there), so the output side
     # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
     # its input side rotated and whitened, may have been formed for the whole head (``_alone``)
@@ -1011,7 +1011,7 @@ def _factored_head_kept(
     h -= gram(top)
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
-    null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
+    null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), torch.linalg.qr(null).Q])
     identity = deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
     rows = [DeflatedRows(fs, u[:, r_y:], d, identity)]
     value = (s_y[:r_y].repeat_interleave(d), t.right(top, inverse=True))
@@ -1202,7 +1202,7 @@ def head_spectra(
             continue
         raw = [jac.block(b) for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
-            null_q = orthonormal_basis(basis)
+            null_q = torch.linalg.qr(basis).Q
             if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
                 fs = [factors[b] for b in sb]
                 rows, t, g = _factored_kept(fs, extra[0] if extra else None, d, x_real, null.dense_product)
