@@ -21,8 +21,9 @@ whose effect is undone exactly:
    columns; normalized attention's orthogonal gauge, ~1/8, is regularised as below:
    ``_factored_head_kept``) is deflated by orthogonal transformations (``_deflate_columns``):
    every block's input side is rotated so that the null directions live in a few input
-   coordinates, and only those are replaced by their complement. A scope with few null directions (k <= n / 4,
-   ``REGULARISE_RATIO``: most blocks alone, linear attention's whole head) keeps every coordinate
+   coordinates, and only those are replaced by their complement. A scope with few null
+   directions (k <= n / 4, ``REGULARISE_RATIO``: most blocks alone, linear attention's whole
+   head, normalized attention's) keeps every coordinate
    and its Kronecker preconditioner, and the null space is regularised instead: G' + beta Q_B
    Q_B^T, Q_B an orthonormal basis of T^T N, is positive definite and equals
    T^T (J^T J + N Z N^T) T, which is J^T J on N^perp and maps N to itself. Lanczos and
@@ -859,6 +860,20 @@ def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> to
     return torch.cat([torch.cat([g, across], 1), torch.cat([across.T, gram(columns)], 1)])
 
 
+def _kept_coordinates(
+    fs: list[Factored], d: int, x: torch.Tensor
+) -> tuple[Preconditioner, list[Factored], Deflation]:
+    """Factored blocks with every coordinate kept: their Kronecker preconditioner L_b (x) W, the
+    preconditioned factors, and the identity ``Deflation`` of their coordinates."""
+    dim = x.shape[1]
+    t, pre, w = Preconditioner(), [], input_whitening(x)
+    for f in fs:
+        lb = factored.output_side(f)
+        t.add_kron(lb, w)
+        pre.append(factored.preconditioned(f, lb, w))
+    return t, pre, deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
+
+
 def _factored_kept(
     fs: list[Factored],
     columns: torch.Tensor | None,
@@ -872,17 +887,11 @@ def _factored_kept(
     block, R_D for the columns) and the preconditioned Gram from the factors (``_cross_grams``:
     T d^2 D'^2 per pair of blocks and T d (d + D') r_D against the columns, where the formed rows'
     Gram costs T d n^2). No cancellation: the same sums as the formed rows' Gram, in another order."""
-    dim = x.shape[1]
-    t, pre, w = Preconditioner(), [], input_whitening(x)
-    for f in fs:
-        lb = factored.output_side(f)
-        t.add_kron(lb, w)
-        pre.append(factored.preconditioned(f, lb, w))
+    t, pre, identity = _kept_coordinates(fs, d, x)
     scaled = None
     if columns is not None:
         r, scaled = _whitened(columns, product)
         t.add_dense(r)
-    identity = deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
     rows = [DeflatedRows(fs, None, d, identity, columns)]
     return rows, t, _cross_grams(pre, scaled)
 
@@ -1000,19 +1009,14 @@ def _factored_head_kept(
     T^T G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their
     rotated rows, where deflating takes a Householder complement and four congruences by it
     (measured ~1.4 s a head at the reference shape)."""
-    d, dim = fs[0].left.shape[-1], fs[0].right.shape[-1]
-    t, pre, w = Preconditioner(), [], input_whitening(x)
-    for f in fs:
-        lb = factored.output_side(f)
-        t.add_kron(lb, w)
-        pre.append(factored.preconditioned(f, lb, w))
+    d = fs[0].left.shape[-1]
+    t, pre, identity = _kept_coordinates(fs, d, x)
     top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
     h = _block_grams(pre, None, x)
     h -= gram(top)
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), torch.linalg.qr(null).Q])
-    identity = deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
     rows = [DeflatedRows(fs, u[:, r_y:], d, identity)]
     value = (s_y[:r_y].repeat_interleave(d), t.right(top, inverse=True))
     joint = DeflatedRows(fs, u, d, identity)
