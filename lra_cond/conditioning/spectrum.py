@@ -844,10 +844,19 @@ def _block_grams(fs1: list[Factored], fs2: list[Factored] | None, like: torch.Te
         rows = slice(off1[i], off1[i + 1])
         for j in range(i if sym else 0, len(fs2)):
             cols = slice(off2[j], off2[j + 1])
-            g[rows, cols] = factored.cross_gram(fi, fs2[j])
+            g[rows, cols] = _self_gram(fi) if sym and j == i else factored.cross_gram(fi, fs2[j])
             if sym and j != i:
                 g[cols, rows] = g[rows, cols].T
     return g
+
+
+def _self_gram(f: Factored) -> torch.Tensor:
+    """J^T J of a factored block, kept in its cache: the preconditioned factors of a block with
+    every coordinate kept are shared by its scopes (``_kept_factor``), so the whole head and the
+    block alone read the same Gram."""
+    if "self_gram" not in f.cache:
+        f.cache["self_gram"] = factored.cross_gram(f, f)
+    return f.cache["self_gram"]
 
 
 def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> torch.Tensor:
@@ -866,12 +875,23 @@ def _kept_coordinates(
     """Factored blocks with every coordinate kept: their Kronecker preconditioner L_b (x) W, the
     preconditioned factors, and the identity ``Deflation`` of their coordinates."""
     dim = x.shape[1]
-    t, pre, w = Preconditioner(), [], input_whitening(x)
+    t, pre = Preconditioner(), []
     for f in fs:
-        lb = factored.output_side(f)
+        lb, w, p = _kept_factor(f, x)
         t.add_kron(lb, w)
-        pre.append(factored.preconditioned(f, lb, w))
+        pre.append(p)
     return t, pre, deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
+
+
+def _kept_factor(f: Factored, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Factored]:
+    """(L_b, W, the factors of J (L_b (x) W)) of a block with every coordinate kept, formed once
+    per probe input (kept in its cache): the whole head and the block alone share them, and with
+    them the block's Gram (``_self_gram``)."""
+    cached = f.cache.get("kept")
+    if cached is None or cached[0] is not x:
+        lb, w = factored.output_side(f), input_whitening(x)
+        f.cache["kept"] = cached = (x, lb, w, factored.preconditioned(f, lb, w))
+    return cached[1:]
 
 
 def _factored_kept(
