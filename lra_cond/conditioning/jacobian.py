@@ -192,6 +192,7 @@ class _Reduction:
     support_cols: torch.Tensor  # (T*d, n_S): J_S
     dense: torch.Tensor  # J_S P
     product: Callable[[torch.Tensor], torch.Tensor] | None  # M -> J_S P M by the family's structure
+    gram: Callable[[], torch.Tensor] | None  # () -> ~(J_S P)^T (J_S P) by it (a preconditioner's)
     order: list[str]  # the scope's blocks, in order
     size: int
 
@@ -254,6 +255,7 @@ def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support 
         support_cols,
         dense,
         support.product,
+        support.gram,
         list(sb),
         size,
     )
@@ -350,7 +352,7 @@ def jacobian_condition(
                 if not red.verified():
                     raise RuntimeError(f"{type(layer).__name__}.jacobian_support is not a support of J")
                 null = ScopeNull(
-                    red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product
+                    red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product, red.gram
                 )
                 group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if scope == "all" else 0)
             nulls[h][scope] = null

@@ -68,6 +68,9 @@ class Support:
     p: torch.Tensor
     columns: torch.Tensor | None = None  # (T * d, r): J_S P
     product: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # () -> (J_S P)^T (J_S P) by the family's structure, to a preconditioner's accuracy (it may
+    # lose the small eigenvalues a Gram of the formed columns keeps)
+    gram: Callable[[], torch.Tensor] | None = None
 
 
 # ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')

@@ -169,7 +169,34 @@ class LinearAttention(Attention, name="linear"):
         def product(m: torch.Tensor) -> torch.Tensor:  # J_psi (G P M)
             return self._through_statistics(inp, st.gp @ m)
 
-        return jac.Support("key_value_statistics", tuple(blocks), st.p, columns, product)
+        def gram() -> torch.Tensor:  # (G P)^T (J_psi^T J_psi) (G P)
+            return self._statistics_congruence(inp, st.gp)
+
+        return jac.Support("key_value_statistics", tuple(blocks), st.p, columns, product, gram)
+
+    def _statistics_congruence(self, inp: jac.HeadInputs, m: torch.Tensor) -> torch.Tensor:
+        """M^T J_psi^T J_psi M for M (B (d^2 + d), r) in the statistics layout, through J_psi's
+        Gram in closed form (per sequence, with w_i = phi(q_i) / den_i):
+            [(b, a), (b', a')] = delta_aa' sum_i w_ib w_ib',  [(b, a), z_b'] = -sum_i w_ib A_ia w_ib',
+            [z_b, z_b'] = sum_i |A_i|^2 w_ib w_ib':
+        T d^3 + B (d^2 + d)^2 r flops where the columns' Gram costs T d r^2 (~0.15 s a head)."""
+        d, per = inp.d, inp.d * inp.d + inp.d
+        out = m.new_zeros(m.shape[1], m.shape[1])
+        eye = torch.eye(d, dtype=m.dtype, device=m.device)
+        for s_idx, x in enumerate(inp.xs):
+            q, k, v = inp.projected(x)
+            phi_q, phi_k = feature_map(q), feature_map(k)
+            den = phi_q @ phi_k.sum(0)
+            a = (phi_q @ (phi_k.T @ v)) / den[:, None]
+            w = phi_q / den[:, None]
+            g = m.new_empty(per, per)
+            g[: d * d, : d * d] = torch.kron(w.T @ w, eye)
+            g[: d * d, d * d :] = -torch.einsum("ib,ia,ic->bac", w, a, w).reshape(d * d, d)
+            g[d * d :, : d * d] = g[: d * d, d * d :].T
+            g[d * d :, d * d :] = (w * a.square().sum(1, keepdim=True)).T @ w
+            block = m[s_idx * per : (s_idx + 1) * per]
+            out += block.T @ (g @ block)
+        return out
 
     def _statistics_values(self, inp: jac.HeadInputs) -> torch.Tensor:
         """Every sequence's (S_b, z_b), flattened and stacked: (B (d^2 + d),)."""
@@ -334,14 +361,13 @@ class _Statistics:
     each factored once: an orthonormal basis ``p`` of G's row space, G P (``gp``), G's range
     (``residual``) and G^+ (``min_norm``); statistics no block reaches are out of range.
 
-    A block is usually wide (one probe sequence) and of full row rank, which a Gram eigenvalue ratio
-    above 1e-10 (sigma ratio 1e-5) shows safely; then a QR B^T = Q R (``_factor``) gives its basis,
-    every target on its rows is in range, B^+ t = Q R^-T t (measured: 0.6 s with Householder QR
-    against 2.2 s for the SVD of the whole-head block at the reference shape). A tall block
-    (several probe sequences) of full column rank, certified by its first Cholesky QR pass, is
-    factored B = U R on its columns (``_tall_factor``): its basis is the identity, B^+ t = R^-1 U^T t.
-    Otherwise the rank is decided on an SVD: on singular values accurate to eps * sigma_max
-    (through the Gram, null and genuine values below ~1e-6 blur)."""
+    A block is usually wide (one probe sequence) and of full row rank: a QR B^T = Q R (``_factor``,
+    certified by its first Cholesky QR pass) gives its basis, every target on its rows is in
+    range, B^+ t = Q R^-T t (measured: 0.6 s with Householder QR against 2.2 s for the SVD of the
+    whole-head block at the reference shape). A tall block (several probe sequences) of full
+    column rank is factored B = U R on its columns the same way: its basis is the identity,
+    B^+ t = R^-1 U^T t. Otherwise the rank is decided on an SVD: on singular values accurate to
+    eps * sigma_max (through the Gram, null and genuine values below ~1e-6 blur)."""
 
     def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock], v_x: torch.Tensor) -> None:
         self.stats, self.v_x = stats, v_x  # parameters in input coordinates x V_x (see _statistics_blocks)
@@ -402,38 +428,32 @@ class _Statistics:
 def _factor(
     mat: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(row-space basis Q, R with mat^T = Q R) when ``mat`` has full row rank (safely), else (basis,
-    None, U, s) from its SVD.
-
-    Full row rank: Cholesky QR twice (mat^T R1^-1, then the same on that), on mat's Gram G = mat
-    mat^T, which the rank test needs anyway. With G's eigenvalue ratio above 1e-10 (kappa(mat) <
-    1e5) the first pass is orthonormal to ~eps kappa^2 <= 2e-6 and the second to ~eps (Yamamoto et
-    al. 2015, "Roundoff error analysis of the CholeskyQR2 algorithm"; measured 1.6e-15, as
-    Householder QR); GEMM and triangular solves instead of Householder panels: 0.40 -> 0.25 s for
-    linear attention's coupled K/V block at the reference shape (1056 x 4160)."""
-    g = gram(mat.T) if mat.shape[0] <= mat.shape[1] else None
-    lam = torch.linalg.eigvalsh(g) if g is not None else None
-    if lam is not None and float(lam[0]) > 1e-10 * float(lam[-1]):
-        r1 = torch.linalg.cholesky(g, upper=True)
-        p1 = torch.linalg.solve_triangular(r1, mat.T, upper=True, left=False)
-        r2 = torch.linalg.cholesky(gram(p1), upper=True)
-        return torch.linalg.solve_triangular(r2, p1, upper=True, left=False), r2 @ r1, None, None
-    if g is None and (tall := _tall_factor(mat)) is not None:
-        q, r = tall
+    """(row-space basis Q, R with mat^T = Q R) when a wide ``mat`` has full row rank, (identity,
+    R, U with mat = U R, None) when a tall one has full column rank, both certified by Cholesky QR
+    twice (``_cholesky_qr2``); else (basis, None, U, s) from its SVD. GEMM and triangular solves
+    instead of Householder panels: 0.40 -> 0.25 s for linear attention's coupled K/V block at the
+    reference shape (1056 x 4160), and no eigenvalues for the rank test (0.08 s there)."""
+    wide = mat.shape[0] <= mat.shape[1]
+    qr = _cholesky_qr2(mat.T if wide else mat)
+    if qr is not None:
+        q, r = qr
+        if wide:
+            return q, r, None, None
         return torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device), r, q, None
     u, sv, vh = torch.linalg.svd(mat, full_matrices=False)
     rank = int((sv > RANK_RTOL * sv[0]).sum())
     return vh[:rank].T, None, u[:, :rank], sv[:rank]
 
 
-TALL_ORTHOGONALITY = 0.1  # first-pass Cholesky QR of a tall block: |Q1^T Q1 - I| below this, or SVD
+CHOLQR_ORTHOGONALITY = 0.1  # first-pass Cholesky QR: |Q1^T Q1 - I| below this, or SVD
 
 
-def _tall_factor(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(Q, R) with mat = Q R for a tall block of full column rank, by Cholesky QR twice on its
+def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(Q, R) with mat = Q R for a tall ``mat`` of full column rank, by Cholesky QR twice on its
     columns; None (take the SVD) when the first pass is not close to orthonormal. That pass is off
     by ~eps kappa^2, so it certifies kappa <~ 2e7 (sigma_min far above RANK_RTOL sigma_max: full
-    rank), and the second pass is then orthonormal to ~eps (Yamamoto et al. 2015). Several probe
+    rank), and the second pass is then orthonormal to ~eps (Yamamoto et al. 2015, "Roundoff error
+    analysis of the CholeskyQR2 algorithm"; measured 1.6e-15, as Householder QR). Several probe
     sequences make linear attention's coupled K/V block tall (4 x 1056 x 4096 for the tiny split):
     ~14 s for its SVD per head."""
     r1, info = torch.linalg.cholesky_ex(gram(mat), upper=True)
@@ -442,7 +462,7 @@ def _tall_factor(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     q1 = torch.linalg.solve_triangular(r1, mat, upper=True, left=False)
     g1 = gram(q1)
     eye = torch.eye(g1.shape[0], dtype=g1.dtype, device=g1.device)
-    if not bool(torch.isfinite(g1).all()) or float((g1 - eye).abs().max()) > TALL_ORTHOGONALITY:
+    if not bool(torch.isfinite(g1).all()) or float((g1 - eye).abs().max()) > CHOLQR_ORTHOGONALITY:
         return None
     r2 = torch.linalg.cholesky(g1, upper=True)
     return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2 @ r1
