@@ -486,7 +486,10 @@ def _triangular(
     basis of T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when the
     caller formed it from factors), or Householder QR of the preconditioned rows stacked on
     sqrt(beta) Q^T (also when the Gram is not numerically definite). Also returns the Gram that
-    was factored (None after QR)."""
+    was factored (None after QR). ``g`` is regularised in place (a copy of 4160^2 cost ~0.05 s
+    at the reference shape): callers give a Gram of their own, never a cached one. On vectors
+    orthogonal to N (all that Lanczos applies it to) the regularised Gram acts as the plain one:
+    Q^T T^-1 u = 0 exactly when N^T u = 0."""
     pre = None
     if not use_qr:
         if g is None:
@@ -494,8 +497,8 @@ def _triangular(
             g = gram(pre[0])
             for p in pre[1:]:
                 g = g + gram(p)
-        if reg is not None:  # (a copy: the caller's Gram stays unregularised)
-            g = gram(reg.T, add_to=g.clone(), alpha=float(g.diagonal().mean()))
+        if reg is not None:
+            g = gram(reg.T, add_to=g, alpha=float(g.diagonal().mean()))
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky", g
