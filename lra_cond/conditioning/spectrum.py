@@ -1000,12 +1000,13 @@ def _factored_head(
         g_cc = closed.gram(g[n_perp:, n_perp:])
         g_pc = closed.combine(g_pc[:, :n_g], g_pc[:, n_g:])
     gm_perp = g_pc - top_perp.T @ top_c
-    h0 = g_cc - gram(top_c)  # the complement's own Gram, for its whitening
+    h0 = gram(top_c, add_to=g_cc, alpha=-1.0)  # the complement's own Gram, for its whitening
     eye = torch.eye(n_c, dtype=x.dtype, device=x.device)
     r_c = torch.linalg.cholesky_ex(h0 + 1e-10 * float(h0.diagonal().mean()) * eye, upper=True)[0]
     t_d.add_dense(r_c)
     h = x.new_empty(n_perp + n_c, n_perp + n_c)
-    h[:n_perp, :n_perp] = g_pp - gram(top_perp)
+    h[:n_perp, :n_perp] = g_pp
+    gram(top_perp, add_to=h[:n_perp, :n_perp], alpha=-1.0)  # in place: no third such matrix
     h[:n_perp, n_perp:] = torch.linalg.solve_triangular(r_c, gm_perp, upper=True, left=False)
     h[n_perp:, :n_perp] = h[:n_perp, n_perp:].T
     h[n_perp:, n_perp:] = torch.linalg.solve_triangular(
@@ -1045,7 +1046,7 @@ def _factored_head_kept(
     t, pre, identity = _kept_coordinates(fs, d, x)
     top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
     h = _block_grams(pre, None, x)
-    h -= gram(top)
+    h = gram(top, add_to=h, alpha=-1.0)  # in place: no second 4160^2 matrix
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), torch.linalg.qr(null).Q])
