@@ -77,7 +77,9 @@ class HeadJacobian:
                 prod = factored.apply(part, vb, self.d)
             elif isinstance(part, ValueBlock):
                 prod = part.apply(vb)
-            else:
+            elif part.is_contiguous():  # its (T, d, d, D') entries as (T d, d D'): a view
+                prod = part.view(-1, self.size) @ vb
+            else:  # a view into a matrix formed whole (``from_dense``)
                 prod = self.block(b) @ vb
             out = prod if out is None else out + prod
         assert out is not None
