@@ -697,7 +697,7 @@ def test_linear_support_gram_equals_the_formed_columns_gram(blocks: tuple[str, .
 
 
 def test_a_tall_statistics_block_of_full_column_rank_takes_cholesky_qr() -> None:
-    """A tall block (several probe sequences) of full column rank: Q orthonormal, mat = Q R, and
+    """A tall block (several probe sequences) of full column rank: Q orthonormal, mat = Q R2 R1, and
     min_norm / residual equal least squares; a rank-deficient one is left to the SVD."""
     from lra_cond.models.attention.linear import _cholesky_qr2, _factor, _Statistics
 
@@ -708,7 +708,9 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_cholesky_qr() -> None
     basis, r, q, sv = _factor(mat)
     assert sv is None and torch.equal(basis, torch.eye(40, dtype=torch.float64))
     torch.testing.assert_close(q.T @ q, torch.eye(40, dtype=torch.float64), rtol=0, atol=1e-14)
-    torch.testing.assert_close(q @ r, mat, rtol=0, atol=1e-14)
+    r2, r1 = r  # R = R2 R1, kept as its two triangular factors
+    assert torch.equal(r2, torch.triu(r2)) and torch.equal(r1, torch.triu(r1))
+    torch.testing.assert_close(q @ r2 @ r1, mat, rtol=0, atol=1e-14)
     st = _Statistics(
         torch.ones(90, dtype=torch.float64),
         40,

@@ -418,28 +418,36 @@ class _Statistics:
             t = targets[rows]
             if u is None:
                 out[cols] = basis @ torch.linalg.solve_triangular(r.T, t, upper=False)
-            elif sv is None:  # mat = U R, full column rank
-                out[cols] = torch.linalg.solve_triangular(r, u.T @ t, upper=True)
+            elif sv is None:  # mat = U R2 R1, full column rank
+                r2, r1 = r
+                out[cols] = torch.linalg.solve_triangular(
+                    r1, torch.linalg.solve_triangular(r2, u.T @ t, upper=True), upper=True
+                )
             else:
                 out[cols] = basis @ ((u.T @ t) / sv[:, None])
         return self._expand(out)
 
 
+Triangular = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # R, or (R2, R1) with R = R2 R1
+
+
 def _factor(
     mat: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor, Triangular | None, torch.Tensor | None, torch.Tensor | None]:
     """(row-space basis Q, R with mat^T = Q R) when a wide ``mat`` has full row rank, (identity,
-    R, U with mat = U R, None) when a tall one has full column rank, both certified by Cholesky QR
-    twice (``_cholesky_qr2``); else (basis, None, U, s) from its SVD. GEMM and triangular solves
-    instead of Householder panels: 0.40 -> 0.25 s for linear attention's coupled K/V block at the
-    reference shape (1056 x 4160), and no eigenvalues for the rank test (0.08 s there)."""
+    (R2, R1), U with mat = U R2 R1, None) when a tall one has full column rank, both certified by
+    Cholesky QR twice (``_cholesky_qr2``); else (basis, None, U, s) from its SVD. GEMM and
+    triangular solves instead of Householder panels: 0.40 -> 0.25 s for linear attention's coupled
+    K/V block at the reference shape (1056 x 4160), and no eigenvalues for the rank test (0.08 s
+    there). A tall block keeps R's two factors: it is only solved with, and their product (a full
+    GEMM, no triangular product in torch) took 1.6 s per head on the tiny split (4096 x 4096)."""
     wide = mat.shape[0] <= mat.shape[1]
     qr = _cholesky_qr2(mat.T if wide else mat)
     if qr is not None:
-        q, r = qr
+        q, r2, r1 = qr
         if wide:
-            return q, r, None, None
-        return torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device), r, q, None
+            return q, r2 @ r1, None, None
+        return torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device), (r2, r1), q, None
     u, sv, vh = torch.linalg.svd(mat, full_matrices=False)
     rank = int((sv > RANK_RTOL * sv[0]).sum())
     return vh[:rank].T, None, u[:, :rank], sv[:rank]
@@ -448,8 +456,8 @@ def _factor(
 CHOLQR_ORTHOGONALITY = 0.1  # first-pass Cholesky QR: |Q1^T Q1 - I| below this, or SVD
 
 
-def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(Q, R) with mat = Q R for a tall ``mat`` of full column rank, by Cholesky QR twice on its
+def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(Q, R2, R1) with mat = Q R2 R1 for a tall ``mat`` of full column rank, by Cholesky QR twice on its
     columns; None (take the SVD) when the first pass is not close to orthonormal. That pass is off
     by ~eps kappa^2, so it certifies kappa <~ 2e7 (sigma_min far above RANK_RTOL sigma_max: full
     rank), and the second pass is then orthonormal to ~eps (Yamamoto et al. 2015, "Roundoff error
@@ -465,7 +473,7 @@ def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     if not bool(torch.isfinite(g1).all()) or float((g1 - eye).abs().max()) > CHOLQR_ORTHOGONALITY:
         return None
     r2 = torch.linalg.cholesky(g1, upper=True)
-    return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2 @ r1
+    return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2, r1
 
 
 def _reachable(
