@@ -3,6 +3,8 @@ families' symmetry generators and the condition-number probe)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Relative singular-value tolerance that separates exact null directions (float64 round-off,
@@ -101,6 +103,28 @@ def orthonormal_columns(
         q = (m @ vecs[:, keep]) / lam[keep].sqrt()
     chol = torch.linalg.cholesky(gram(q), upper=True)
     return torch.linalg.solve_triangular(chol, q, upper=True, left=False)
+
+
+def triangular_condition(r: torch.Tensor, steps: int = 8, block: int = 4, seed: int = 0) -> float:
+    """An estimate of kappa(R) for an upper triangular R, from below: block power iteration on
+    R^T R and on (R^T R)^{-1} (triangular solves: n^2 a step where the SVD costs n^3), and the
+    diagonal's ratio (max |r_ii| <= sigma_max, min |r_ii| >= sigma_min); inf when R is singular to
+    working precision."""
+    diag = r.diagonal().abs()
+    if not bool(torch.isfinite(r).all()) or float(diag.min()) == 0.0:
+        return math.inf
+    gen = torch.Generator().manual_seed(seed)
+    hi = torch.randn(r.shape[0], block, generator=gen, dtype=r.dtype).to(r.device)
+    lo = hi
+    for _ in range(steps):
+        hi = matvec(r.T, matvec(r, hi))
+        hi = hi / hi.norm(dim=0)
+        lo = torch.linalg.solve_triangular(r, torch.linalg.solve_triangular(r.T, lo, upper=False), upper=True)
+        lo = lo / lo.norm(dim=0)
+    smax = float(matvec(r, hi).norm(dim=0).max())
+    smin = float(matvec(r, lo).norm(dim=0).min())
+    estimate = max(smax / smin, float(diag.max() / diag.min())) if smin > 0 else math.inf
+    return estimate if math.isfinite(estimate) else math.inf
 
 
 def span_union(

@@ -696,21 +696,23 @@ def test_linear_support_gram_equals_the_formed_columns_gram(blocks: tuple[str, .
     torch.testing.assert_close(got, reference, rtol=0, atol=1e-12 * float(reference.abs().max()))
 
 
-def test_a_tall_statistics_block_of_full_column_rank_takes_cholesky_qr() -> None:
-    """A tall block (several probe sequences) of full column rank: Q orthonormal, mat = Q R2 R1, and
-    min_norm / residual equal least squares; a rank-deficient one is left to the SVD."""
-    from lra_cond.models.attention.linear import _cholesky_qr2, _factor, _Statistics
+def test_a_tall_statistics_block_of_full_column_rank_takes_householder_qr() -> None:
+    """A tall block (several probe sequences) of full column rank: R upper triangular, U (kept as
+    reflectors) orthonormal with mat = U R, and min_norm / residual equal least squares; a
+    rank-deficient one is left to the SVD."""
+    from lra_cond.models.attention.linear import _factor, _Statistics
 
     gen = torch.Generator().manual_seed(2)
     mat = torch.randn(90, 40, generator=gen, dtype=torch.float64) @ torch.diag(
         torch.logspace(0, -4, 40, dtype=torch.float64)
     )
-    basis, r, q, sv = _factor(mat)
+    basis, r, span, sv = _factor(mat)
     assert sv is None and torch.equal(basis, torch.eye(40, dtype=torch.float64))
-    torch.testing.assert_close(q.T @ q, torch.eye(40, dtype=torch.float64), rtol=0, atol=1e-14)
-    r2, r1 = r  # R = R2 R1, kept as its two triangular factors
-    assert torch.equal(r2, torch.triu(r2)) and torch.equal(r1, torch.triu(r1))
-    torch.testing.assert_close(q @ r2 @ r1, mat, rtol=0, atol=1e-14)
+    assert span is not None and span.u is None and torch.equal(r, torch.triu(r))
+    u = span.project(torch.eye(90, dtype=torch.float64))  # U U^T, through the reflectors
+    torch.testing.assert_close(u @ u, u, rtol=0, atol=1e-14)  # an orthogonal projector ...
+    torch.testing.assert_close(u @ mat, mat, rtol=0, atol=1e-14)  # ... onto range(mat)
+    torch.testing.assert_close(span.coordinates(mat), r, rtol=0, atol=1e-14)  # U^T mat = R
     st = _Statistics(
         torch.ones(90, dtype=torch.float64),
         40,
@@ -723,7 +725,27 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_cholesky_qr() -> None
     torch.testing.assert_close(st.residual(t), t - mat @ theta, rtol=1e-9, atol=1e-12)
     deficient = mat.clone()
     deficient[:, 7] = deficient[:, 3] - 2 * deficient[:, 5]
-    assert _cholesky_qr2(deficient) is None and _factor(deficient)[3] is not None  # the SVD's values
+    basis, r, span, sv = _factor(deficient)
+    assert sv is not None and basis.shape[1] == 39  # the SVD's rank
+
+
+@pytest.mark.parametrize("kappa", [1e1, 1e4, 1e8])
+def test_triangular_condition_estimates_kappa_from_below(kappa: float) -> None:
+    """The estimate of kappa(R) is a lower bound within a factor of 10 (against svdvals), for an
+    R whose spectrum spreads evenly over kappa; an exactly singular R gives inf."""
+    gen = torch.Generator().manual_seed(3)
+    n = 200
+    left = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64)).Q
+    right = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64)).Q
+    a = left @ torch.diag(torch.logspace(0, -math.log10(kappa), n, dtype=torch.float64)) @ right.T
+    r = torch.linalg.qr(a).R
+    s = torch.linalg.svdvals(r)
+    exact = float(s[0] / s[-1])
+    estimate = linalg.triangular_condition(r)
+    assert exact / 10 <= estimate <= exact * (1 + 1e-9)
+    singular = r.clone()
+    singular[5, 5] = 0.0
+    assert linalg.triangular_condition(singular) == math.inf
 
 
 @pytest.mark.parametrize("kappa", [1e1, 5e4, 2e6])

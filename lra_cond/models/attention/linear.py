@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from lra_cond.linalg import RANK_RTOL, gram
+from lra_cond.linalg import RANK_RTOL, gram, triangular_condition
 from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention, Option
 
@@ -365,8 +365,8 @@ class _Statistics:
     certified by its first Cholesky QR pass) gives its basis, every target on its rows is in
     range, B^+ t = Q R^-T t (measured: 0.6 s with Householder QR against 2.2 s for the SVD of the
     whole-head block at the reference shape). A tall block (several probe sequences) of full
-    column rank is factored B = U R on its columns the same way: its basis is the identity,
-    B^+ t = R^-1 U^T t. Otherwise the rank is decided on an SVD: on singular values accurate to
+    column rank is factored B = U R by Householder QR (U kept as its reflectors): its basis is the
+    identity, B^+ t = R^-1 U^T t. Otherwise the rank is decided on an SVD: on singular values accurate to
     eps * sigma_max (through the Gram, null and genuine values below ~1e-6 blur)."""
 
     def __init__(self, stats: torch.Tensor, n_params: int, blocks: list[GBlock], v_x: torch.Tensor) -> None:
@@ -382,9 +382,9 @@ class _Statistics:
         p = stats.new_zeros(n_params, sum(widths))
         self.gp = stats.new_zeros(len(stats), sum(widths))
         start = 0
-        for (rows, cols, mat, (basis, r, u, sv)), width in zip(self._blocks, widths):
+        for (rows, cols, mat, (basis, r, span, sv)), width in zip(self._blocks, widths):
             p[cols, start : start + width] = basis
-            if u is None:  # mat^T = Q R gives mat Q = R^T (Q orthonormal to ~eps): no product
+            if span is None:  # mat^T = Q R gives mat Q = R^T (Q orthonormal to ~eps): no product
                 self.gp[rows, start : start + width] = r.T
             elif sv is None:  # full column rank: the basis is the identity
                 self.gp[rows, start : start + width] = mat
@@ -404,66 +404,94 @@ class _Statistics:
     def residual(self, targets: torch.Tensor) -> torch.Tensor:
         """targets minus their projection on range(G)."""
         out = targets.clone()
-        for rows, _, _, (_, _, u, _) in self._blocks:
-            if u is None:
+        for rows, _, _, (_, _, span, _) in self._blocks:
+            if span is None:
                 out[rows] = 0.0  # full row rank: every target on these rows is reached
             else:
-                out[rows] = targets[rows] - u @ (u.T @ targets[rows])
+                out[rows] = targets[rows] - span.project(targets[rows])
         return out
 
     def min_norm(self, targets: torch.Tensor) -> torch.Tensor:
         """G^+ targets (for targets in range(G): the minimum-norm theta with G theta = targets)."""
         out = targets.new_zeros(self._n_reduced, targets.shape[1])
-        for rows, cols, _, (basis, r, u, sv) in self._blocks:
+        for rows, cols, _, (basis, r, span, sv) in self._blocks:
             t = targets[rows]
-            if u is None:
+            if span is None:
                 out[cols] = basis @ torch.linalg.solve_triangular(r.T, t, upper=False)
-            elif sv is None:  # mat = U R2 R1, full column rank
-                r2, r1 = r
-                out[cols] = torch.linalg.solve_triangular(
-                    r1, torch.linalg.solve_triangular(r2, u.T @ t, upper=True), upper=True
-                )
+            elif sv is None:  # mat = U R, full column rank
+                out[cols] = torch.linalg.solve_triangular(r, span.coordinates(t), upper=True)
             else:
-                out[cols] = basis @ ((u.T @ t) / sv[:, None])
+                out[cols] = basis @ (span.coordinates(t) / sv[:, None])
         return self._expand(out)
 
 
-Triangular = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # R, or (R2, R1) with R = R2 R1
+class _Range:
+    """An orthonormal basis U of a block's range: the SVD's U, or a tall block's Householder
+    reflectors (U their first n columns, applied and never formed)."""
+
+    def __init__(self, u: torch.Tensor | None = None, reflectors: tuple | None = None) -> None:
+        self.u, self.reflectors = u, reflectors
+
+    def coordinates(self, t: torch.Tensor) -> torch.Tensor:  # U^T t
+        if self.u is not None:
+            return self.u.T @ t
+        a, tau = self.reflectors  # type: ignore[misc]
+        return torch.ormqr(a, tau, t, transpose=True)[: a.shape[1]]
+
+    def project(self, t: torch.Tensor) -> torch.Tensor:  # U U^T t
+        if self.u is not None:
+            return self.u @ (self.u.T @ t)
+        a, tau = self.reflectors  # type: ignore[misc]
+        y = torch.ormqr(a, tau, t, transpose=True)
+        y[a.shape[1] :] = 0.0
+        return torch.ormqr(a, tau, y)
+
+
+# A tall block is taken as of full column rank when its R's estimated condition number is below
+# this (from below, usually within ~2x: ``triangular_condition``): far under the SVD's rank cut
+# (1 / RANK_RTOL = 1e10), so an underestimate cannot turn a rank-deficient block into a full one.
+TALL_KAPPA = 1e8
 
 
 def _factor(
     mat: torch.Tensor,
-) -> tuple[torch.Tensor, Triangular | None, torch.Tensor | None, torch.Tensor | None]:
-    """(row-space basis Q, R with mat^T = Q R) when a wide ``mat`` has full row rank, (identity,
-    (R2, R1), U with mat = U R2 R1, None) when a tall one has full column rank, both certified by
-    Cholesky QR twice (``_cholesky_qr2``); else (basis, None, U, s) from its SVD. GEMM and
-    triangular solves instead of Householder panels: 0.40 -> 0.25 s for linear attention's coupled
-    K/V block at the reference shape (1056 x 4160), and no eigenvalues for the rank test (0.08 s
-    there). A tall block keeps R's two factors: it is only solved with, and their product (a full
-    GEMM, no triangular product in torch) took 1.6 s per head on the tiny split (4096 x 4096)."""
-    wide = mat.shape[0] <= mat.shape[1]
-    qr = _cholesky_qr2(mat.T if wide else mat)
-    if qr is not None:
-        q, r2, r1 = qr
-        if wide:
-            return q, r2 @ r1, None, None
-        return torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device), (r2, r1), q, None
+) -> tuple[torch.Tensor, torch.Tensor | None, _Range | None, torch.Tensor | None]:
+    """How a statistics block is factored: (row-space basis Q, R with mat^T = Q R, None, None) when
+    a wide ``mat`` has full row rank (Cholesky QR twice, ``_cholesky_qr2``: GEMM and triangular
+    solves instead of Householder panels, 0.40 -> 0.25 s for linear attention's coupled K/V block
+    at the reference shape, 1056 x 4160, and its first pass certifies the rank); (identity, R,
+    its Householder range, None) when a tall one has full column rank (Householder QR without
+    forming Q, which only meets targets: 1.4 s against 5.5 s for Cholesky QR twice on the tiny
+    split's 4224 x 4096 block; its rank from R's estimated condition number); else (basis, None,
+    the SVD's range, s)."""
+    if mat.shape[0] <= mat.shape[1]:
+        qr = _cholesky_qr2(mat.T)
+        if qr is not None:
+            return qr[0], qr[1], None, None
+    else:
+        a, tau = torch.geqrf(mat)
+        r = a[: mat.shape[1]].triu()
+        if triangular_condition(r) <= TALL_KAPPA:
+            return (
+                torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device),
+                r,
+                _Range(reflectors=(a, tau)),
+                None,
+            )
     u, sv, vh = torch.linalg.svd(mat, full_matrices=False)
     rank = int((sv > RANK_RTOL * sv[0]).sum())
-    return vh[:rank].T, None, u[:, :rank], sv[:rank]
+    return vh[:rank].T, None, _Range(u[:, :rank]), sv[:rank]
 
 
 CHOLQR_ORTHOGONALITY = 0.1  # first-pass Cholesky QR: |Q1^T Q1 - I| below this, or SVD
 
 
-def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(Q, R2, R1) with mat = Q R2 R1 for a tall ``mat`` of full column rank, by Cholesky QR twice on its
+def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(Q, R) with mat = Q R for a tall ``mat`` of full column rank, by Cholesky QR twice on its
     columns; None (take the SVD) when the first pass is not close to orthonormal. That pass is off
     by ~eps kappa^2, so it certifies kappa <~ 2e7 (sigma_min far above RANK_RTOL sigma_max: full
     rank), and the second pass is then orthonormal to ~eps (Yamamoto et al. 2015, "Roundoff error
-    analysis of the CholeskyQR2 algorithm"; measured 1.6e-15, as Householder QR). Several probe
-    sequences make linear attention's coupled K/V block tall (4 x 1056 x 4096 for the tiny split):
-    ~14 s for its SVD per head."""
+    analysis of the CholeskyQR2 algorithm"; measured 1.6e-15, as Householder QR)."""
     r1, info = torch.linalg.cholesky_ex(gram(mat), upper=True)
     if int(info):
         return None
@@ -473,7 +501,7 @@ def _cholesky_qr2(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     if not bool(torch.isfinite(g1).all()) or float((g1 - eye).abs().max()) > CHOLQR_ORTHOGONALITY:
         return None
     r2 = torch.linalg.cholesky(g1, upper=True)
-    return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2, r1
+    return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2 @ r1
 
 
 def _reachable(
