@@ -427,23 +427,27 @@ def test_qr_method_equals_gram_on_a_256_token_probe() -> None:
 
 
 def test_preconditioner_pieces_are_consistent() -> None:
-    """T, T^T, T^{-1}, T^{-T} and a @ T of a Kronecker block and a dense block, against the dense T."""
+    """T, T^T, T^{-1}, T^{-T}, a @ T and a @ T^{-1} of a Kronecker block, a dense block and a
+    diagonal (Jacobi) one, against the formed T."""
     gen = torch.Generator().manual_seed(6)
     lb = torch.randn(3, 3, generator=gen, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
     w = torch.randn(4, 4, generator=gen, dtype=torch.float64) + 4 * torch.eye(4, dtype=torch.float64)
     r = torch.triu(torch.randn(5, 5, generator=gen, dtype=torch.float64))
     r = r + 5 * torch.eye(5, dtype=torch.float64)
+    s = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
     t = spectrum.Preconditioner()
     t.add_kron(lb, w)
     t.add_dense(r)
-    dense = torch.block_diag(torch.kron(lb, w), torch.linalg.inv(r))
-    v = torch.randn(17, 2, generator=gen, dtype=torch.float64)
-    a = torch.randn(6, 17, generator=gen, dtype=torch.float64)
+    t.add_dense(s)  # a Jacobi block, T = diag(1/s)
+    dense = torch.block_diag(torch.kron(lb, w), torch.linalg.inv(r), torch.diag(1 / s))
+    v = torch.randn(20, 2, generator=gen, dtype=torch.float64)
+    a = torch.randn(6, 20, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(t.apply(v), dense @ v)
     torch.testing.assert_close(t.apply_t(v), dense.T @ v)
     torch.testing.assert_close(t.solve(v), torch.linalg.solve(dense, v))
     torch.testing.assert_close(t.solve_t(v), torch.linalg.solve(dense.T, v))
     torch.testing.assert_close(t.right(a), a @ dense)
+    torch.testing.assert_close(t.right(a, inverse=True), a @ torch.linalg.inv(dense))
 
 
 def test_gram_is_a_transpose_a() -> None:

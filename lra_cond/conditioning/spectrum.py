@@ -143,7 +143,8 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
 
 class Preconditioner:
     """Block-diagonal T over a column layout: Kronecker blocks L (x) W (columns (b, c), c over
-    W's size, row-major) and dense blocks T = R^{-1} (R upper triangular), in column order."""
+    W's size, row-major), dense blocks T = R^{-1} (R upper triangular) and diagonal ones T =
+    diag(1/s) (a Jacobi preconditioner, given as s), in column order."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[str, int, tuple[torch.Tensor, ...]]] = []  # (kind, size, matrices)
@@ -153,7 +154,8 @@ class Preconditioner:
         self.parts.append(("kron", lb.shape[0] * w.shape[0], (lb, w, *inverses)))
 
     def add_dense(self, r: torch.Tensor) -> None:
-        self.parts.append(("dense", r.shape[0], (r,)))
+        """R (n, n) upper triangular, or the diagonal s (n,) of a Jacobi preconditioner."""
+        self.parts.append(("dense" if r.dim() == 2 else "diag", r.shape[0], (r,)))
 
     @property
     def size(self) -> int:
@@ -177,6 +179,8 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0], mats[1], x)
+            if kind == "diag":
+                return x / mats[0][:, None]
             return torch.linalg.solve_triangular(mats[0], x, upper=True)
 
         return self._each(v, fn)
@@ -185,19 +189,25 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0].T, mats[1].T, x)
+            if kind == "diag":
+                return x / mats[0][:, None]
             return torch.linalg.solve_triangular(mats[0].T, x, upper=False)
 
         return self._each(v, fn)
 
     def solve(self, v: torch.Tensor) -> torch.Tensor:  # T^{-1} v
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
-            return self._kron(mats[2], mats[3], x) if kind == "kron" else matvec(mats[0], x)
+            if kind == "kron":
+                return self._kron(mats[2], mats[3], x)
+            return x * mats[0][:, None] if kind == "diag" else matvec(mats[0], x)
 
         return self._each(v, fn)
 
     def solve_t(self, v: torch.Tensor) -> torch.Tensor:  # T^{-T} v
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
-            return self._kron(mats[2].T, mats[3].T, x) if kind == "kron" else matvec(mats[0].T, x)
+            if kind == "kron":
+                return self._kron(mats[2].T, mats[3].T, x)
+            return x * mats[0][:, None] if kind == "diag" else matvec(mats[0].T, x)
 
         return self._each(v, fn)
 
@@ -211,6 +221,8 @@ class Preconditioner:
                 d, p = lb.shape[0], w.shape[0]
                 tmp = (block.reshape(-1, p) @ w).reshape(-1, d, p)  # input side, then the output side
                 out.append((lb.T @ tmp).reshape(a.shape[0], n))  # in place: no transposed copies
+            elif kind == "diag":  # T = diag(1/s)
+                out.append(block * mats[0] if inverse else block / mats[0])
             elif inverse:  # T = R^{-1}
                 out.append(block @ mats[0])
             else:
@@ -325,11 +337,14 @@ def _deflate_columns(
 def dense_preconditioner(
     columns: torch.Tensor, columns_gram: Callable[[], torch.Tensor] | None = None
 ) -> torch.Tensor:
-    """R whitening columns without Kronecker structure (Jacobi when there are many);
-    ``columns_gram``: their Gram by a family's structure, cheaper than from the columns."""
+    """R whitening columns without Kronecker structure, or (when there are many) the column norms s
+    of a Jacobi preconditioner diag(1/s) (``Preconditioner.add_dense`` takes either: as a formed
+    diagonal matrix every product with it cost a full triangular solve or GEMM, ~0.14 TFLOP per
+    whitening of the tiny split's 4096 linear-attention columns); ``columns_gram``: their Gram by a
+    family's structure, cheaper than from the columns."""
     if columns.shape[1] <= DENSE_PRECONDITIONER_MAX:
         return dense_whitening(columns, None if columns_gram is None else columns_gram())
-    return torch.diag(columns.norm(dim=0).clamp_min(1e-300))
+    return columns.norm(dim=0).clamp_min(1e-300)
 
 
 def _whitened(
@@ -343,6 +358,8 @@ def _whitened(
     against 0.11 s at the reference shape), and give R's Gram through their own (``columns_gram``:
     0.06 against 0.14 s)."""
     r = dense_preconditioner(columns, columns_gram)
+    if r.dim() == 1:  # Jacobi: the columns scaled
+        return r, columns / r
     if product is None:
         return r, torch.linalg.solve_triangular(r, columns, upper=True, left=False)
     eye = torch.eye(r.shape[0], dtype=r.dtype, device=r.device)
