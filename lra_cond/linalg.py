@@ -122,9 +122,8 @@ def triangular_condition(r: torch.Tensor, steps: int = 8, block: int = 4, seed: 
         lo = torch.linalg.solve_triangular(r, torch.linalg.solve_triangular(r.T, lo, upper=False), upper=True)
         lo = lo / lo.norm(dim=0)
     smax = float(matvec(r, hi).norm(dim=0).max())
-    smin = float(matvec(r, lo).norm(dim=0).min())
-    estimate = max(smax / smin, float(diag.max() / diag.min())) if smin > 0 else math.inf
-    return estimate if math.isfinite(estimate) else math.inf
+    smin = float(matvec(r, lo).norm(dim=0).min())  # NaN after an overflow: then not > 0
+    return max(smax / smin, float(diag.max() / diag.min())) if smin > 0 else math.inf
 
 
 def span_union(

@@ -131,19 +131,28 @@ class LinearAttention(Attention, name="linear"):
         """``_feature_directions`` of head h (it depends on the head's W_Q and the probe only)."""
         return self._cached(("query_directions", inp.h), lambda: _feature_directions(inp))
 
+    def _output_weights(self, inp: jac.HeadInputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per probe sequence, (w, A) with w_i = phi(q_i) / den_i and A_i the head's output (L, d
+        each): every product with J_psi reads them, so they are formed once per head."""
+
+        def compute() -> list[tuple[torch.Tensor, torch.Tensor]]:
+            out = []
+            for x in inp.xs:
+                q, k, v = inp.projected(x)
+                phi_q, phi_k = feature_map(q), feature_map(k)
+                den = phi_q @ phi_k.sum(0)
+                out.append((phi_q / den[:, None], (phi_q @ (phi_k.T @ v)) / den[:, None]))
+            return out
+
+        return self._cached(("output_weights", inp.h), compute)
+
     def _through_statistics(self, inp: jac.HeadInputs, m: torch.Tensor) -> torch.Tensor:
         """J_psi M for M (B (d^2 + d), r) in the statistics layout: the head output's Jacobian with
         respect to the statistics, dA_i = (dS^T phi_i - A_i dz^T phi_i) / den_i, applied to M
         without forming J_psi (T d x B (d^2 + d))."""
         d, per = inp.d, inp.d * inp.d + inp.d
         out = []
-        for s_idx, x in enumerate(inp.xs):
-            q, k, v = inp.projected(x)
-            phi_q, phi_k = feature_map(q), feature_map(k)
-            z = phi_k.sum(0)
-            den = phi_q @ z
-            a = (phi_q @ (phi_k.T @ v)) / den[:, None]
-            w = phi_q / den[:, None]  # (L, d)
+        for s_idx, (x, (w, a)) in enumerate(zip(inp.xs, self._output_weights(inp))):
             block = m[s_idx * per : (s_idx + 1) * per]
             m_s, m_z = block[: d * d].reshape(d, d * m.shape[1]), block[d * d :]
             via_s = (w @ m_s).reshape(len(x), d, -1)  # sum_b w_ib M[(b, a), k]
@@ -183,12 +192,7 @@ class LinearAttention(Attention, name="linear"):
         d, per = inp.d, inp.d * inp.d + inp.d
         out = m.new_zeros(m.shape[1], m.shape[1])
         eye = torch.eye(d, dtype=m.dtype, device=m.device)
-        for s_idx, x in enumerate(inp.xs):
-            q, k, v = inp.projected(x)
-            phi_q, phi_k = feature_map(q), feature_map(k)
-            den = phi_q @ phi_k.sum(0)
-            a = (phi_q @ (phi_k.T @ v)) / den[:, None]
-            w = phi_q / den[:, None]
+        for s_idx, (w, a) in enumerate(self._output_weights(inp)):
             g = m.new_empty(per, per)
             g[: d * d, : d * d] = torch.kron(w.T @ w, eye)
             g[: d * d, d * d :] = -torch.einsum("ib,ia,ic->bac", w, a, w).reshape(d * d, d)
