@@ -395,6 +395,39 @@ def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
     assert spectrum._refined_sigma_min(factor, start, float(s[-1]) * (1 + 5e-4)) == pytest.approx(refined)
 
 
+@pytest.mark.parametrize(
+    "family,options",
+    [("softmax", {}), ("normalized", {}), ("nystrom", {"num_landmarks": 6})],
+    ids=["softmax", "normalized", "nystrom"],
+)
+def test_a_factored_head_gram_equals_its_formed_rows_gram(
+    family: str, options: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole head's Schur-complement Gram, assembled from the blocks' factors (nystrom: its
+    pieces as congruences of the blocks' Grams alone and of their cross Gram), equals the Gram of
+    its exact rows formed and preconditioned, to the cancellation's rounding. Only sigma_min's
+    refinement on the exact J would otherwise notice a wrong piece (a preconditioner's error)."""
+    torch.manual_seed(5)
+    layer = build_attention(family, 8, 2, **options)
+    x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
+    given, real = [], spectrum._solve
+
+    def spy(rows, t, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if kwargs.get("refine"):
+            given.append((rows, t, kwargs["g"].clone()))
+        return real(rows, t, *args, **kwargs)
+
+    monkeypatch.setattr(spectrum, "_solve", spy)
+    jacobian_condition(layer, x, per_block=False)
+    assert len(given) == 2  # one per head, both from the factors
+    for rows, t, g in given:
+        # in the head's own coordinates (A^T A = T^-T G T^-1): the preconditioner's whitening of a
+        # nearly null complement amplifies either side's rounding alike
+        raw = t.right(t.right(g, inverse=True).T, inverse=True)
+        formed = sum(linalg.gram(r.dense()) for r in rows)
+        torch.testing.assert_close(raw, formed, rtol=0, atol=1e-12 * float(formed.abs().max()))
+
+
 @pytest.mark.parametrize("family", ["softmax", "nystrom"])
 def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
     family: str, monkeypatch: pytest.MonkeyPatch

@@ -1112,11 +1112,13 @@ def _closed_grams(
     x: torch.Tensor,
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's
-    two factors, as in ``_factored_head``). For a block with a low-rank correction (nystrom's),
-    pairs of its own pieces are congruences of the block's Gram alone (``_alone``) by the pieces'
-    transforms relative to it, O (x) M with M = W^-1 v^T on the input side and O = L_b^-1 on the
-    output side: ~(d p)^2 p flops where the correction's Grams take m d (d p)^2 again. Every other
-    pair comes from the factors (T d^2 p^2: cheaper than the congruence without a correction)."""
+    two factors, as in ``_factored_head``). For blocks with a low-rank correction (nystrom's),
+    every pair of their pieces is a congruence of the blocks' Gram alone (``_alone``; across two
+    blocks, their cross Gram on those coordinates, formed once) by the pieces' transforms relative
+    to it, O (x) M with M = W^-1 v^T on the input side and O = L_b^-1 on the output side: ~(d p)^2 p
+    flops where the correction's Grams take m d (d p)^2 again (measured: a nystrom probe at the
+    reference shape 14.2 -> 13.7 s with the cross pairs this way). Every other pair comes from the
+    factors (T d^2 p^2: cheaper than the congruence without a correction)."""
     d = closed.d
     alone = {}  # block -> its Gram alone, for the blocks with a correction
     for b, f in enumerate(fs):
@@ -1143,19 +1145,35 @@ def _closed_grams(
         transform.append(relative(b, closed.u[1 - b], closed.rows[b]))
     offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
     g = x.new_empty(offsets[-1], offsets[-1])
+    between: dict[tuple[int, int], torch.Tensor] = {}  # (b, b') -> J_b^T J_b' alone, both corrected
     for i, pi in enumerate(pieces):
-        left = None
+        left: dict[int, torch.Tensor] = {}  # owner of the column piece -> (O (x) M)^T J_b^T J_b'
         for j in range(i, len(pieces)):
             rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
-            if owner[i] == owner[j] and transform[i] is not None:
-                if left is None:
-                    left = _kron_left(alone[owner[i]][3], *transform[i], d)
-                g[rows, cols] = _kron_right(left, *transform[j], d)
-            else:
+            if transform[i] is None or transform[j] is None:
                 g[rows, cols] = factored.cross_gram(pi, pieces[j])
+            else:
+                if owner[j] not in left:
+                    pair = _alone_gram(alone, between, owner[i], owner[j])
+                    left[owner[j]] = _kron_left(pair, *transform[i], d)
+                g[rows, cols] = _kron_right(left[owner[j]], *transform[j], d)
             if j != i:
                 g[cols, rows] = g[rows, cols].T
     return g
+
+
+def _alone_gram(alone: dict, between: dict, b1: int, b2: int) -> torch.Tensor:
+    """J_b1^T J_b2 on the blocks' coordinates alone (``_alone``): a block's own Gram, or the cross
+    Gram of two corrected blocks, formed once (``between``) for all four pairs of their pieces: the
+    corrections' products cost m d (d D')^2 for the pair whatever its pieces' widths, where one
+    product per pair of pieces ran at ~2/3 of the speed on their narrower (d x 32) columns."""
+    if b1 == b2:
+        return alone[b1][3]
+    if (b2, b1) in between:
+        return between[(b2, b1)].T
+    if (b1, b2) not in between:
+        between[(b1, b2)] = factored.cross_gram(alone[b1][2], alone[b2][2])
+    return between[(b1, b2)]
 
 
 def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
