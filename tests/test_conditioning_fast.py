@@ -785,6 +785,27 @@ def test_triangular_condition_estimates_kappa_from_below(kappa: float) -> None:
     assert linalg.triangular_condition(singular) == math.inf
 
 
+@pytest.mark.parametrize("kappa,max_condition", [(3.0, 1e3), (1e5, 1e3), (1e5, 1e6), (1e9, 1e6)])
+def test_orthonormal_basis_spans_the_columns_to_its_promised_orthonormality(
+    kappa: float, max_condition: float
+) -> None:
+    """One Cholesky-QR pass where the columns' estimated kappa allows (orthonormal to ~eps kappa^2),
+    Householder QR otherwise (kappa above the bound, or a Gram Cholesky cannot factor): orthonormal
+    within eps * min(kappa, max_condition)^2, and spanning exactly the columns (projector check)."""
+    gen = torch.Generator().manual_seed(4)
+    n, k = 600, 60
+    left = torch.linalg.qr(torch.randn(n, k, generator=gen, dtype=torch.float64)).Q
+    right = torch.linalg.qr(torch.randn(k, k, generator=gen, dtype=torch.float64)).Q
+    m = left @ torch.diag(torch.logspace(0, -math.log10(kappa), k, dtype=torch.float64)) @ right.T
+    q = linalg.orthonormal_basis(m, max_condition)
+    eps = torch.finfo(torch.float64).eps
+    bound = 10 * eps * min(kappa, max_condition) ** 2 + 1e-13
+    assert float((q.T @ q - torch.eye(k, dtype=torch.float64)).abs().max()) <= bound
+    fit = torch.linalg.lstsq(q, m).solution  # span(q) = span(m): m = q X, to m's own rounding
+    assert float((q @ fit - m).abs().max()) <= 1e-13
+    assert linalg.orthonormal_basis(m[:, :0]).shape == (n, 0)  # no columns (a scope without nulls)
+
+
 @pytest.mark.parametrize("kappa", [1e1, 5e4, 2e6])
 def test_statistics_block_factor_is_an_orthonormal_row_basis(kappa: float) -> None:
     """A full-row-rank statistics block's factor (Cholesky QR twice): Q orthonormal to ~eps and

@@ -78,7 +78,7 @@ from lra_cond.conditioning import factored, gauge
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.linalg import RANK_RTOL, gram, matvec, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, gram, matvec, orthonormal_basis, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
@@ -640,7 +640,8 @@ def _solve(
     fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
     notes: list[str] = []
     rv, c = value if value is not None else (None, None)
-    reg = None if null is None else torch.linalg.qr(t.apply_t(null[null.shape[0] - t.size :])).Q
+    # the regulariser's basis need not be orthonormal to working precision (its values ~beta do)
+    reg = None if null is None else orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6)
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
     if method == "qr":
@@ -708,7 +709,7 @@ def _factored_scope(
     (``_factored_kept``) and all of them are returned (an orthonormal basis)."""
     v_perp, v_par, k = _input_rotation(null, d, dim)
     if k != d * v_par.shape[1]:
-        return (*_factored_kept([f], None, d, x), torch.linalg.qr(null).Q)
+        return (*_factored_kept([f], None, d, x), orthonormal_basis(null))
     # the par input coordinates carry null directions only (J vanishes there), so the output side
     # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
     # its input side rotated and whitened, may have been formed for the whole head (``_alone``)
@@ -1066,7 +1067,7 @@ def _factored_head_kept(
     h = gram(top, add_to=h, alpha=-1.0)  # in place: no second 4160^2 matrix
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
-    null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), torch.linalg.qr(null).Q])
+    null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
     rows = [DeflatedRows(fs, u[:, r_y:], d, identity)]
     value = (s_y[:r_y].repeat_interleave(d), t.right(top, inverse=True))
     joint = DeflatedRows(fs, u, d, identity)
@@ -1274,7 +1275,7 @@ def head_spectra(
             continue
         raw = [jac.block(b) for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
-            null_q = torch.linalg.qr(basis).Q
+            null_q = orthonormal_basis(basis)
             if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
                 fs = [factors[b] for b in sb]
                 rows, t, g = _factored_kept(
