@@ -21,12 +21,23 @@ def svdvals(m: torch.Tensor) -> torch.Tensor:
     return torch.linalg.svdvals(m.mT if m.shape[-2] > m.shape[-1] else m)
 
 
+# A wide matrix whose triangular factor's estimated kappa is at most this has full row rank at any
+# rtol down to ~1e-8 (the estimate is a lower bound, measured within 10x; the probe's rtol is 1e-10)
+FULL_ROW_RANK_KAPPA = 1e6
+
+
 def null_vectors(m: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     """Orthonormal basis (cols x z) of {w : m w = 0}, at relative tolerance ``rtol`` on the singular
-    values (a full SVD: these directions are deflated, so they must be exact to working precision)."""
-    cols = m.shape[1]
-    if m.shape[0] == 0:
+    values, exact to working precision (these directions are deflated): for a wide m of certified
+    full row rank, the complement of its row space by a complete Householder QR of m^T (measured 9
+    against 65 ms for normalized attention's 512 x 529 symmetric-gauge system), else a full SVD."""
+    rows, cols = m.shape
+    if rows == 0:
         return torch.eye(cols, dtype=m.dtype, device=m.device)
+    if rows < cols and rtol * FULL_ROW_RANK_KAPPA <= 1e-2:
+        q, r = torch.linalg.qr(m.T, mode="complete")
+        if triangular_condition(r[:rows]) <= FULL_ROW_RANK_KAPPA:
+            return q[:, rows:]
     _, s, vh = torch.linalg.svd(m, full_matrices=True)
     s_full = torch.zeros(cols, dtype=m.dtype, device=m.device)
     s_full[: s.numel()] = s

@@ -785,6 +785,24 @@ def test_triangular_condition_estimates_kappa_from_below(kappa: float) -> None:
     assert linalg.triangular_condition(singular) == math.inf
 
 
+@pytest.mark.parametrize("rank", [40, 37])
+def test_null_vectors_of_a_wide_matrix_equal_the_svd_null_space(rank: int) -> None:
+    """A wide matrix of full row rank takes the complement of its row space by QR, one of lower
+    rank (rows dependent to ~1e-16: the QR factor's kappa is ~1e16) the SVD's cut: either way an
+    orthonormal basis of the same space as svd's right vectors below rtol, m null on it."""
+    gen = torch.Generator().manual_seed(6)
+    m = torch.randn(40, rank, generator=gen, dtype=torch.float64) @ torch.randn(
+        rank, 55, generator=gen, dtype=torch.float64
+    )
+    null = linalg.null_vectors(m)
+    _, s, vh = torch.linalg.svd(m, full_matrices=True)
+    expected = vh[rank:].T  # s[rank:] ~1e-15 of s[0]: below RANK_RTOL
+    assert null.shape == (55, 55 - rank)
+    torch.testing.assert_close(null.T @ null, torch.eye(55 - rank, dtype=torch.float64), rtol=0, atol=1e-13)
+    torch.testing.assert_close(null @ (null.T @ expected), expected, rtol=0, atol=1e-12)
+    assert float((m @ null).abs().max()) <= 1e-12 * float(s[0])
+
+
 @pytest.mark.parametrize("kappa,max_condition", [(3.0, 1e3), (1e5, 1e3), (1e5, 1e6), (1e9, 1e6)])
 def test_orthonormal_basis_spans_the_columns_to_its_promised_orthonormality(
     kappa: float, max_condition: float
