@@ -143,6 +143,8 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     supports = [g.directions.abs().amax(1) > 0 for g in groups]
     structure = _structure(groups)
     parts, added = [], [0] * len(groups)
+    columns: dict[int, tuple[int, int]] = {}  # group -> its columns of the basis
+    start = 0
     for members in _row_components(supports):
         rows = torch.stack([supports[i] for i in members]).any(0)
         order = sorted(members, key=lambda i: groups[i].directions.shape[1])
@@ -151,13 +153,29 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
         known = known and gauge.pivot_bound(structure) > 10 * SPAN_RTOL
         sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL, known)
         for i, n in zip(order, added_sorted):
-            added[i] = n
+            added[i], columns[i], start = n, (start, start + n), start + n
         part = like.new_zeros(size, sub.shape[1])
         part[rows] = sub
         parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
     basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-    return ScopeNull(basis, split, structure=structure), added
+    return ScopeNull(
+        basis, split, structure=structure, gauge_part=_gauge_part(groups, columns, added, basis)
+    ), added
+
+
+def _gauge_part(
+    groups: list[NullGroup], columns: dict[int, tuple[int, int]], added: list[int], basis: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The largest group of the gauge's form that entered the basis whole (every direction
+    independent of the others'), and a mask of its columns: its projector has a closed form."""
+    fits = [i for i, g in enumerate(groups) if g.maps is not None and added[i] == g.directions.shape[1]]
+    if not fits:
+        return None
+    i = max(fits, key=lambda j: added[j])
+    mask = torch.zeros(basis.shape[1], dtype=torch.bool, device=basis.device)
+    mask[columns[i][0] : columns[i][1]] = True
+    return groups[i].maps, mask
 
 
 def _structure(groups: list[NullGroup]) -> NullStructure | None:

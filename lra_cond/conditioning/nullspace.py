@@ -85,9 +85,11 @@ def candidates(
             if len(touched) == 1:
                 group.input_side = gauge.input_side(parts[next(iter(touched))])
             elif touched == {"q", "k"}:
-                m = gauge.gauge_fit(parts["q"], parts["k"], inp.w["q"], inp.w["k"])
+                m = gauge.gauge_maps(parts["q"], parts["k"], inp.w["q"], inp.w["k"])
                 if m is not None:
-                    group.gauge, group.unit_gauge = (inp.w["q"], inp.w["k"]), gauge.is_unit_basis(m)
+                    group.maps = (m, inp.w["q"], inp.w["k"])
+                    if m.shape[0] == d * d:  # the whole gauge
+                        group.gauge, group.unit_gauge = (inp.w["q"], inp.w["k"]), gauge.is_unit_basis(m)
             out[name] = group
     return out
 
