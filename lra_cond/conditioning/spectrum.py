@@ -387,11 +387,22 @@ class _Factor:
     # [C; rows] as one operator, when both come from the same factors (one product instead of two)
     joint: DeflatedRows | None = None
     gram: torch.Tensor | None = None  # the Gram R' factors (R'^T R' = it to ~eps), when formed
+    # ``c`` holds C T, the coupling on the preconditioned coordinates (C = c T^-1 applied through
+    # T: no pass over the whole coupling to form C, ~60 ms a head at the reference shape)
+    c_preconditioned: bool = False
 
     # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
     # ``matvec``, which reads either layout at row-major speed without a copy
     def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
-        return matvec(self.c.T, y)
+        out = matvec(self.c.T, y)
+        return self.t.solve_t(out) if self.c_preconditioned else out
+
+    def _c(self, u: torch.Tensor) -> torch.Tensor:  # C u
+        return matvec(self.c, self.t.solve(u) if self.c_preconditioned else u)
+
+    def coupling(self) -> torch.Tensor | None:
+        """C formed."""
+        return self.t.right(self.c, inverse=True) if self.c_preconditioned else self.c
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
@@ -429,7 +440,7 @@ class _Factor:
         low = self.t.solve_t(matvec(self.gram, self.t.solve(ua)))
         if self.rv is None:
             return low
-        top = self.rv[:, None] * u[: self.n_v] + matvec(self.c, ua)
+        top = self.rv[:, None] * u[: self.n_v] + self._c(ua)
         return torch.cat([self.rv[:, None] * top, self._c_t(top) + low])
 
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
@@ -437,7 +448,7 @@ class _Factor:
         low = matvec(self.r, self.t.solve(ua))
         if self.rv is None:
             return low
-        return torch.cat([self.rv[:, None] * u[: self.n_v] + matvec(self.c, ua), low])
+        return torch.cat([self.rv[:, None] * u[: self.n_v] + self._c(ua), low])
 
     def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
         if self.rv is None:
@@ -453,7 +464,7 @@ class _Factor:
         wv = uv / self.rv[:, None]
         wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t(wv)), upper=False)
         za = self.t.apply(torch.linalg.solve_triangular(self.r, wa, upper=True))
-        return torch.cat([(wv - matvec(self.c, za)) / self.rv[:, None], za])
+        return torch.cat([(wv - self._c(za)) / self.rv[:, None], za])
 
     def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J u with the exact (unfactored) rows: [value rows; every row block], (m, k)."""
@@ -464,7 +475,7 @@ class _Factor:
             return out
         low = [_product(rows, ua) for rows in self.rows]
         if self.rv is not None:
-            low.insert(0, self.rv[:, None] * u[: self.n_v] + matvec(self.c, ua))
+            low.insert(0, self.rv[:, None] * u[: self.n_v] + self._c(ua))
         return torch.cat(low)
 
     def exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
@@ -487,7 +498,7 @@ class _Factor:
 
     def dense(self) -> torch.Tensor:
         """The exact matrix whose singular values these are (for the svdvals fallback)."""
-        a, c = torch.cat([_materialised(r) for r in self.rows]), self.c
+        a, c = torch.cat([_materialised(r) for r in self.rows]), self.coupling()
         if self.null is not None:  # the complement of the regularised null directions (none in V)
             comp = _complement(*torch.geqrf(self.null[self.n_v :]))
             a, c = a @ comp, None if c is None else c @ comp
@@ -654,7 +665,7 @@ def _refined_sigma_min(
 def _solve(
     rows: list[torch.Tensor],
     t: Preconditioner,
-    value: tuple[torch.Tensor, torch.Tensor] | None,
+    value: tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, bool] | None,
     verified: int,
     rtol: float,
     method: str,
@@ -664,14 +675,15 @@ def _solve(
     joint: DeflatedRows | None = None,
     regulariser: _Regulariser | None = None,
 ) -> Extremes:
-    """``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
+    """``value``: (rv, C) of a value part, or (rv, C T, True) (``_Factor.c_preconditioned``).
+    ``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
     orthonormal basis of null directions left in the coordinates (regularised in the factor,
     projected out of every Lanczos and Rayleigh-Ritz vector; ``regulariser``: their regulariser
     when the caller has it in closed form). ``refine``: ``g`` was formed by
     cancellation (a Schur complement): take the extremes from the exact J whether or not the check
     fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
     notes: list[str] = []
-    rv, c = value if value is not None else (None, None)
+    rv, c, *preconditioned = value if value is not None else (None, None)
     reg = regulariser
     if reg is None and null is not None:  # its basis need not be orthonormal to working precision
         reg = _Regulariser(orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6))
@@ -687,7 +699,7 @@ def _solve(
         r, route, factored_gram = _triangular(
             rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg
         )
-        factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram)
+        factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram, bool(preconditioned))
         smax, smin, vec, top, converged = _extremes(factor)
         if route != "cholesky":
             break
@@ -1105,7 +1117,7 @@ def _factored_head_kept(
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
     rows = [DeflatedRows(fs, u[:, r_y:], d, identity)]
-    value = (s_y[:r_y].repeat_interleave(d), t.right(top, inverse=True))
+    value = (s_y[:r_y].repeat_interleave(d), top, True)  # the coupling as C T (``_Factor``)
     joint = DeflatedRows(fs, u, d, identity)
     reg = None
     if gauge_part is not None and [kind for kind, _, _ in t.parts] == ["kron", "kron"]:
