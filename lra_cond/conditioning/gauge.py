@@ -209,8 +209,9 @@ class GaugeProjector:
     @classmethod
     def of(
         cls, maps: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor], t: tuple[torch.Tensor, ...]
-    ) -> GaugeProjector:
-        """``maps`` (m, d, d) the M_i, ``w`` (W_Q, W_K), ``t`` (L_Q, W, L_K, W) the preconditioner."""
+    ) -> GaugeProjector | None:
+        """``maps`` (m, d, d) the M_i, ``w`` (W_Q, W_K), ``t`` (L_Q, W, L_K, W) the preconditioner;
+        None when the M_i's images are not numerically independent (then no closed form)."""
         l_q, w_in, l_k, w_in_k = t
         p_q, p_k = w[0] @ w_in, w[1] @ w_in_k
         d = l_q.shape[0]
@@ -218,7 +219,9 @@ class GaugeProjector:
         # Mmap^T Mmap vec(M) = vec(A_Q M B_Q + B_K M A_K), per M_i: no d^2 x d^2 matrix formed
         image = (torch.matmul(a_q, maps) @ b_q + torch.matmul(b_k, maps) @ a_k).reshape(-1, d * d)
         s = maps.reshape(maps.shape[0], d * d)
-        chol = torch.linalg.cholesky(s @ image.T)
+        chol, info = torch.linalg.cholesky_ex(s @ image.T)
+        if int(info):
+            return None
         half = torch.linalg.solve_triangular(chol, s, upper=False)  # X = half^T half
         return cls((l_q, l_k), (p_q, p_k), half.T @ half)
 
