@@ -200,7 +200,7 @@ class GaugeProjector:
     Mmap S (S: the M_i as columns) is Mmap X Mmap^T, X = S (S^T Mmap^T Mmap S)^-1 S^T (d^2 x d^2):
     each of its blocks a Kronecker congruence of X (~(d D')^2 (d + D') flops each), where the same
     projector from an orthonormal basis of Mmap S costs a rank-m update of the (2 d D')^2 Gram
-    (~12 GFLOP at the reference shape, m = 496)."""
+    (~11 GFLOP at the reference shape, m = 496)."""
 
     blocks: tuple[torch.Tensor, torch.Tensor]  # (L_Q, L_K), the output sides
     inputs: tuple[torch.Tensor, torch.Tensor]  # (P_Q, P_K) = (W_Q W, W_K W), (d, D') each

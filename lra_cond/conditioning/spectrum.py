@@ -26,7 +26,9 @@ whose effect is undone exactly:
    head, normalized attention's) keeps every coordinate
    and its Kronecker preconditioner, and the null space is regularised instead: G' + beta Q_B
    Q_B^T, Q_B an orthonormal basis of T^T N, is positive definite and equals
-   T^T (J^T J + N Z N^T) T, which is J^T J on N^perp and maps N to itself. Lanczos and
+   T^T (J^T J + N Z N^T) T, which is J^T J on N^perp and maps N to itself (Q_B Q_B^T, the
+   projector onto T^T N, comes in closed form for a group of the gauge's form: normalized
+   attention's rotations, ``gauge.GaugeProjector``). Lanczos and
    Rayleigh-Ritz vectors are projected onto N^perp, so the regularised eigenvalues never enter.
    (Deflating a block with a non-input-side null, e.g. normalized attention's scale W_Q, would
    turn all of W_Q's row space into dense columns: a Householder pass, a dense preconditioner and
