@@ -71,10 +71,11 @@ def gram(
         ci = slice(edges[i], edges[i + 1])
         for j in range(i, panels):
             cj = slice(edges[j], edges[j + 1])
-            if j == i and edges[i + 1] - edges[i] >= 1024:  # its own panels, in place
+            if j == i and edges[i + 1] - edges[i] >= 1024:  # in its own panels
                 if add_to is None:
-                    out[ci, ci] = 0.0
-                gram(a[:, ci], 2, out[ci, ci], alpha if add_to is not None else 1.0)
+                    out[ci, ci] = gram(a[:, ci], 2)
+                else:
+                    gram(a[:, ci], 2, out[ci, ci], alpha)
                 continue
             if add_to is None:
                 out[ci, cj] = a[:, ci].T @ a[:, cj]
@@ -83,6 +84,15 @@ def gram(
             if j != i:
                 out[cj, ci] = out[ci, cj].T
     return out
+
+
+def kron_left(g: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
+    """(O (x) M)^T G for G (d p, n) in the (b, c) row layout, O (d, d) (None: the identity) and M
+    (p, p'), as two GEMMs."""
+    t = m.T @ g.reshape(d, m.shape[0], -1)  # (d, p', n): every output b at once
+    if o is not None:
+        t = o.T @ t.reshape(d, -1)
+    return t.reshape(d * m.shape[1], -1)
 
 
 def _independent(m: torch.Tensor, rtol: float) -> torch.Tensor | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lra_cond.conditioning import factored
+from lra_cond.linalg import kron_left
 from lra_cond.models.attention.jacobian import Factored
 
 GAUGE_RTOL = 1e-10  # a group is the gauge (or input-side) when its directions fit that form to this
@@ -212,8 +213,8 @@ class GaugeProjector:
     ) -> GaugeProjector | None:
         """``maps`` (m, d, d) the M_i, ``w`` (W_Q, W_K), ``t`` (L_Q, W, L_K, W) the preconditioner;
         None when the M_i's images are not numerically independent (then no closed form)."""
-        l_q, w_in, l_k, w_in_k = t
-        p_q, p_k = w[0] @ w_in, w[1] @ w_in_k
+        l_q, in_q, l_k, in_k = t
+        p_q, p_k = w[0] @ in_q, w[1] @ in_k
         d = l_q.shape[0]
         a_q, b_q, a_k, b_k = l_q @ l_q.T, p_q @ p_q.T, l_k @ l_k.T, p_k @ p_k.T
         # Mmap^T Mmap vec(M) = vec(A_Q M B_Q + B_K M A_K), per M_i: no d^2 x d^2 matrix formed
@@ -254,12 +255,6 @@ class GaugeProjector:
         """The projector times v ((2 d D', k), [Q | K])."""
         n = v.shape[0] // 2
         d, (l_q, l_k), (p_q, p_k) = self.d, self.blocks, self.inputs
-        u = _kron_t(v[:n], l_q.T, p_q.T, d) - self._swap(_kron_t(v[n:], l_k.T, p_k.T, d), rows=True)
+        u = kron_left(v[:n], l_q.T, p_q.T, d) - self._swap(kron_left(v[n:], l_k.T, p_k.T, d), rows=True)
         z = self.x @ u
-        return torch.cat([_kron_t(z, l_q, p_q, d), -_kron_t(self._swap(z, rows=True), l_k, p_k, d)])
-
-
-def _kron_t(g: torch.Tensor, o: torch.Tensor, m: torch.Tensor, d: int) -> torch.Tensor:
-    """(O (x) M)^T G for G (d p, n) in the (b, c) row layout, O (d, d'), M (p, p')."""
-    t = m.T @ g.reshape(d, m.shape[0], -1)
-    return (o.T @ t.reshape(d, -1)).reshape(o.shape[1] * m.shape[1], -1)
+        return torch.cat([kron_left(z, l_q, p_q, d), -kron_left(self._swap(z, rows=True), l_k, p_k, d)])

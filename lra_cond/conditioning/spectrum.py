@@ -80,7 +80,7 @@ from lra_cond.conditioning import factored, gauge
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.linalg import RANK_RTOL, gram, matvec, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, orthonormal_basis, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
@@ -1141,8 +1141,8 @@ def _gauge_regulariser(
     Measured at the reference shape (normalized attention, 496 of 578 null directions): ~0.13 s a
     head for both parts and their addition to the Gram, against ~0.23 s for an orthonormal basis of
     all of them and its rank-578 update. None when the group's projector has no closed form."""
-    (_, _, (l_q, w_q, *_)), (_, _, (l_k, w_k, *_)) = t.parts  # [Q | K], each L_b (x) W
-    closed = gauge.GaugeProjector.of(maps[0], maps[1:], (l_q, w_q, l_k, w_k))
+    (_, _, (l_q, in_q, *_)), (_, _, (l_k, in_k, *_)) = t.parts  # [Q | K], each L_b (x) W
+    closed = gauge.GaugeProjector.of(maps[0], maps[1:], (l_q, in_q, l_k, in_k))
     if closed is None:
         return None
     rest = t.apply_t(null[:, ~columns])
@@ -1164,14 +1164,6 @@ def _alone(
         pre = factored.preconditioned(f, factored.output_side(f), v @ w)
         f.cache["alone"] = (v, w, pre, factored.cross_gram(pre, pre))
     return f.cache["alone"]
-
-
-def _kron_left(g: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
-    """(O (x) M)^T G for G (d p, n) in the (b, c) row layout (O None: the identity), as two GEMMs."""
-    t = m.T @ g.reshape(d, m.shape[0], -1)  # (d, p', n): every output b at once
-    if o is not None:
-        t = o.T @ t.reshape(d, -1)
-    return t.reshape(d * m.shape[1], -1)
 
 
 def _kron_right(a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
@@ -1233,7 +1225,7 @@ def _closed_grams(
             else:
                 if owner[j] not in left:
                     pair = _alone_gram(alone, between, owner[i], owner[j])
-                    left[owner[j]] = _kron_left(pair, *transform[i], d)
+                    left[owner[j]] = kron_left(pair, *transform[i], d)
                 g[rows, cols] = _kron_right(left[owner[j]], *transform[j], d)
             if j != i:
                 g[cols, rows] = g[rows, cols].T
