@@ -15,9 +15,10 @@ has an orthonormal basis in closed form, with Kronecker structure:
       alpha_ij = s^K_j / r_ij,  beta_ij = s^Q_i / r_ij,  r_ij = (s^Q_i^2 + s^K_j^2)^(1/2):
   their inner product with a gauge direction is (alpha_ij s^Q_i - beta_ij s^K_j) u^K_j^T M u^Q_i = 0.
 
-So the complement's columns of J are two blocks' factors transformed by Kronecker products
-(``factors``: J_Q (U_K (x) Vh_Q^T) and J_K (U_Q (x) Vh_K^T)), reindexed and scaled (``combine``):
-their Grams cost T d^4 from the factors, where the Householder complement of a dense null basis
+Because the gauge is null, the K half of each column moves J as a multiple of its Q half does: the
+complement's columns of J are one block's factors transformed by a Kronecker product
+(``factor``: J_Q (U_K (x) Vh_Q^T)), reindexed and scaled (``scale``): their Grams cost T d^4 from
+the factors, where the Householder complement of a dense null basis
 (~2200 x 1100 at the reference shape) and its congruences cost ~15 GMAC per head.
 """
 
@@ -140,25 +141,25 @@ class GaugeComplement:
         on_k = torch.einsum("bi,cj,ij->bcij", u_q, eye, self.beta).reshape(d * d, d * d)
         return torch.cat([on_q, on_k])
 
-    def factors(self, fs: list[Factored]) -> list[Factored]:
-        """J_Q (U_K (x) Vh_Q^T) (columns (j, i)) and J_K (U_Q (x) Vh_K^T) (columns (i, j))."""
-        (u_q, u_k), (r_q, r_k) = self.u, self.rows
-        return [factored.preconditioned(fs[0], u_k, r_q), factored.preconditioned(fs[1], u_q, r_k)]
+    def factor(self, fs: list[Factored]) -> Factored:
+        """J_Q (U_K (x) Vh_Q^T) (columns (j, i)): the complement's columns of J, up to ``scale``.
 
-    def _swap(self, m: torch.Tensor) -> torch.Tensor:
-        """Columns (j, i) -> (i, j)."""
+        The gauge is null, so J_Q(M^T W~_Q) = J_K(M W~_K) for every M, and on the gauge's input
+        directions (the null inputs' part of W~_b is null too) J_K(u^Q_i (x) vh^K_j) =
+        (s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i): column (i, j) of the complement is
+        (alpha_ij + beta_ij s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i) = J_Q(u^K_j (x) vh^Q_i) / alpha_ij.
+        One block's factor, not two: the complement's Grams with K need K's perp columns only."""
+        return factored.preconditioned(fs[0], self.u[1], self.rows[0])
+
+    def scale(self, m: torch.Tensor) -> torch.Tensor:
+        """M comp from M's products with ``factor``'s columns (n, d^2): reindexed (j, i) -> (i, j)
+        and divided by alpha (``factor``)."""
         d = self.d
-        return m.reshape(-1, d, d).transpose(1, 2).reshape(m.shape[0], d * d)
-
-    def combine(self, on_q: torch.Tensor, on_k: torch.Tensor) -> torch.Tensor:
-        """X comp from X's products with the two ``factors``' columns (each (n, d^2))."""
-        return self._swap(on_q) * self.alpha.reshape(-1) + on_k * self.beta.reshape(-1)
+        return m.reshape(-1, d, d).transpose(1, 2).reshape(m.shape[0], d * d) / self.alpha.reshape(-1)
 
     def gram(self, g: torch.Tensor) -> torch.Tensor:
-        """comp^T G comp from G, the Gram of the two ``factors``' columns side by side (2 d^2)."""
-        n = self.d * self.d
-        half = self.combine(g[:, :n], g[:, n:])  # G comp: (2 d^2, d^2)
-        return self.combine(half[:n].T, half[n:].T)
+        """comp^T G comp from G, the Gram of ``factor``'s columns (d^2, d^2)."""
+        return self.scale(self.scale(g).T)
 
 
 def complement(

@@ -1059,12 +1059,11 @@ def _factored_head(
         g_pc = _block_grams(perp_fs, par_fs, x) @ m_par
         g_pp = _block_grams(perp_fs, None, x)
     else:
-        comp_fs, n_g = closed.factors(fs), d * d
-        top_c = closed.combine(*(factored.rows_rotated(f, u[:, :r_y]) for f in comp_fs))
-        g = _closed_grams(fs, closed, w_perps, perp_fs + comp_fs, x)
-        g_pp, g_pc = g[:n_perp, :n_perp], g[:n_perp, n_perp:]
+        comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
+        top_c = closed.scale(factored.rows_rotated(comp_f, u[:, :r_y]))
+        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x)
+        g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
         g_cc = closed.gram(g[n_perp:, n_perp:])
-        g_pc = closed.combine(g_pc[:, :n_g], g_pc[:, n_g:])
     gm_perp = g_pc - top_perp.T @ top_c
     h0 = gram(top_c, add_to=g_cc, alpha=-1.0)  # the complement's own Gram, for its whitening
     eye = torch.eye(n_c, dtype=x.dtype, device=x.device)
@@ -1182,13 +1181,15 @@ def _closed_grams(
     x: torch.Tensor,
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's
-    two factors, as in ``_factored_head``). For blocks with a low-rank correction (nystrom's),
-    every pair of their pieces is a congruence of the blocks' Gram alone (``_alone``; across two
-    blocks, their cross Gram on those coordinates, formed once) by the pieces' transforms relative
-    to it, O (x) M with M = W^-1 v^T on the input side and O = L_b^-1 on the output side: ~(d p)^2 p
-    flops where the correction's Grams take m d (d p)^2 again (measured: a nystrom probe at the
-    reference shape 14.2 -> 13.7 s with the cross pairs this way). Every other pair comes from the
-    factors (T d^2 p^2: cheaper than the congruence without a correction)."""
+    factor, a piece of Q: ``GaugeComplement.factor``; as in ``_factored_head``). For blocks with a
+    low-rank correction (nystrom's), a pair of pieces of one block is a congruence of its Gram
+    alone (``_alone``) by the pieces' transforms relative to it, O (x) M with M = W^-1 v^T on the
+    input side and O = L_b^-1 on the output side: ~(d p)^2 p flops where the correction's Grams
+    take m d (d p)^2 again. A pair across the two blocks is Q's side of such a congruence of Q's
+    coordinates alone against K's piece, that product formed once per K piece (K's only piece is
+    its perp one: half of K's coordinates, where the full cross Gram of the two blocks alone costs
+    twice that: 0.27 s a head at the reference shape, measured, against 0.52). Every other pair comes
+    from the factors (T d^2 p^2: cheaper than the congruence without a correction)."""
     d = closed.d
     alone = {}  # block -> its Gram alone, for the blocks with a correction
     for b, f in enumerate(fs):
@@ -1210,40 +1211,30 @@ def _closed_grams(
         if w_perp is not None:
             owner.append(b)
             transform.append(relative(b, None, perp @ w_perp))
-    for b in range(len(fs)):
-        owner.append(b)  # output side U_K for Q's complement factor, U_Q for K's
-        transform.append(relative(b, closed.u[1 - b], closed.rows[b]))
+    owner.append(0)  # the complement's factor: Q's, output side U_K
+    transform.append(relative(0, closed.u[1], closed.rows[0]))
     offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
     g = x.new_empty(offsets[-1], offsets[-1])
-    between: dict[tuple[int, int], torch.Tensor] = {}  # (b, b') -> J_b^T J_b' alone, both corrected
+    against: dict[int, torch.Tensor] = {}  # piece j of K -> J_Q^T J_j on Q's coordinates alone
     for i, pi in enumerate(pieces):
-        left: dict[int, torch.Tensor] = {}  # owner of the column piece -> (O (x) M)^T J_b^T J_b'
+        left: dict[int, torch.Tensor] = {}  # (O (x) M)^T J_b^T J_b of piece i's owner b
         for j in range(i, len(pieces)):
             rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
             if transform[i] is None or transform[j] is None:
                 g[rows, cols] = factored.cross_gram(pi, pieces[j])
-            else:
-                if owner[j] not in left:
-                    pair = _alone_gram(alone, between, owner[i], owner[j])
-                    left[owner[j]] = kron_left(pair, *transform[i], d)
-                g[rows, cols] = _kron_right(left[owner[j]], *transform[j], d)
+            elif owner[i] == owner[j]:
+                if owner[i] not in left:
+                    left[owner[i]] = kron_left(alone[owner[i]][3], *transform[i], d)
+                g[rows, cols] = _kron_right(left[owner[i]], *transform[j], d)
+            else:  # Q's piece q against K's piece k
+                q, k = (i, j) if owner[i] == 0 else (j, i)
+                if k not in against:
+                    against[k] = factored.cross_gram(alone[0][2], pieces[k])
+                block = kron_left(against[k], *transform[q], d)
+                g[rows, cols] = block if q == i else block.T
             if j != i:
                 g[cols, rows] = g[rows, cols].T
     return g
-
-
-def _alone_gram(alone: dict, between: dict, b1: int, b2: int) -> torch.Tensor:
-    """J_b1^T J_b2 on the blocks' coordinates alone (``_alone``): a block's own Gram, or the cross
-    Gram of two corrected blocks, formed once (``between``) for all four pairs of their pieces: the
-    corrections' products cost m d (d D')^2 for the pair whatever its pieces' widths, where one
-    product per pair of pieces ran at ~2/3 of the speed on their narrower (d x 32) columns."""
-    if b1 == b2:
-        return alone[b1][3]
-    if (b2, b1) in between:
-        return between[(b2, b1)].T
-    if (b1, b2) not in between:
-        between[(b1, b2)] = factored.cross_gram(alone[b1][2], alone[b2][2])
-    return between[(b1, b2)]
 
 
 def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
