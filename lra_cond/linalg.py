@@ -95,6 +95,15 @@ def kron_left(g: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) 
     return t.reshape(d * m.shape[1], -1)
 
 
+def kron_right(a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
+    """A (O (x) M) for A (n, d p) in the (b, c) column layout, O (d, d) (None: the identity) and
+    M (p, p'), as two GEMMs."""
+    t = a.reshape(a.shape[0], d, m.shape[0]) @ m  # (n, d, p')
+    if o is not None:
+        t = o.T @ t  # batched over the rows: (d, d) x (d, p')
+    return t.reshape(a.shape[0], d * m.shape[1])
+
+
 def _independent(m: torch.Tensor, rtol: float) -> torch.Tensor | None:
     """Upper Cholesky factor of m^T m when m's (unit-scaled) columns are independent at ``rtol``
     (every pivot, a column's distance to the span of those before it, above rtol), else None."""

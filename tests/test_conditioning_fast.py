@@ -979,6 +979,14 @@ def test_factored_products_equal_the_dense_block() -> None:
         out = factored.output_side(f)  # whitens sum over rows and c of J[., (b, c)] J[., (b', c)]
         side = torch.einsum("nbc,nec->be", j.reshape(-1, d, p), j.reshape(-1, d, p))
         torch.testing.assert_close(out.T @ side @ out, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-9)
+        # the correction's products, once formed for f (here by its output side), are carried
+        # into its preconditioned factors rather than formed again
+        if f.low_rank is not None:
+            carried = factored.preconditioned(f, lb, w[:, :3])
+            assert "correction" in carried.cache
+            for g, k in zip([*blocks, carried], [*dense, j @ w_narrow]):
+                got = factored.cross_gram(carried, g)
+                torch.testing.assert_close(got, (j @ w_narrow).T @ k, rtol=1e-12, atol=1e-12)
 
 
 def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:

@@ -80,7 +80,16 @@ from lra_cond.conditioning import factored, gauge
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.lanczos import top_eigenpair
-from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import (
+    RANK_RTOL,
+    gram,
+    kron_left,
+    kron_right,
+    matvec,
+    orthonormal_basis,
+    spectrum_cut,
+    svdvals,
+)
 from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
@@ -1165,14 +1174,6 @@ def _alone(
     return f.cache["alone"]
 
 
-def _kron_right(a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
-    """A (O (x) M) for A (n, d p) in the (b, c) column layout."""
-    t = a.reshape(a.shape[0], d, m.shape[0]) @ m  # (n, d, p')
-    if o is not None:
-        t = o.T @ t  # batched over the rows: (d, d) x (d, p')
-    return t.reshape(a.shape[0], d * m.shape[1])
-
-
 def _closed_grams(
     fs: list[Factored],
     closed: gauge.GaugeComplement,
@@ -1225,7 +1226,7 @@ def _closed_grams(
             elif owner[i] == owner[j]:
                 if owner[i] not in left:
                     left[owner[i]] = kron_left(alone[owner[i]][3], *transform[i], d)
-                g[rows, cols] = _kron_right(left[owner[i]], *transform[j], d)
+                g[rows, cols] = kron_right(left[owner[i]], *transform[j], d)
             else:  # Q's piece q against K's piece k
                 q, k = (i, j) if owner[i] == 0 else (j, i)
                 if k not in against:
