@@ -1022,9 +1022,9 @@ def _factored_head(
       L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
     * the par coordinates replaced by the complement of the null directions by congruence
       (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram; with ``closed``
-      (the null space is the gauge and null inputs) the complement's columns come from the blocks'
-      factors transformed by Kronecker products instead (``gauge``: no Householder pass, no
-      congruence);
+      (the null space is the gauge and null inputs) the complement's columns come from Q's
+      factors transformed by a Kronecker product instead (``gauge.GaugeComplement.factor``: no
+      Householder pass, no congruence, and K meets it only on K's perp coordinates);
     * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
       M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
 
