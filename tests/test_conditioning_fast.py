@@ -431,9 +431,14 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
 def test_a_gauge_regulariser_in_closed_form_is_the_projector_onto_the_null_space(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Normalized attention's whole head regularises its rotations (M W_Q, -M^T W_K), M
-    antisymmetric, in closed form: with the other null directions' basis, beta times the orthogonal
-    projector onto T^T N, the same matrix as from an orthonormal basis of all of T^T N."""
+    """Normalized attention's whole head, when it keeps every coordinate (its metric's floor made
+    to fail here: ``gauge.OrthogonalGaugeComplement``), regularises its rotations
+    (M W_Q, -M^T W_K), M antisymmetric, in closed form: with the other null directions' basis,
+    beta times the orthogonal projector onto T^T N, the same matrix as from an orthonormal basis
+    of all of T^T N."""
+    from lra_cond.conditioning import gauge
+
+    monkeypatch.setattr(gauge, "METRIC_FLOOR", 1.0)
     torch.manual_seed(6)
     layer = build_attention("normalized", 12, 2)  # d = 6: 15 rotations
     x = layer_norm(torch.randn(1, 40, 12, dtype=torch.float64))
@@ -488,8 +493,10 @@ def test_qr_method_equals_gram_on_a_256_token_probe() -> None:
 
 
 def test_preconditioner_pieces_are_consistent() -> None:
-    """T, T^T, T^{-1}, T^{-T}, a @ T and a @ T^{-1} of a Kronecker block, a dense block and a
-    diagonal (Jacobi) one, against the formed T."""
+    """T, T^T, T^{-1}, T^{-T}, a @ T and a @ T^{-1} of a Kronecker block, a dense block, a
+    diagonal (Jacobi) one and a Kronecker block under a metric's square root, against the formed T."""
+    from lra_cond.conditioning import gauge
+
     gen = torch.Generator().manual_seed(6)
     lb = torch.randn(3, 3, generator=gen, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
     w = torch.randn(4, 4, generator=gen, dtype=torch.float64) + 4 * torch.eye(4, dtype=torch.float64)
@@ -500,9 +507,17 @@ def test_preconditioner_pieces_are_consistent() -> None:
     t.add_kron(lb, w)
     t.add_dense(r)
     t.add_dense(s)  # a Jacobi block, T = diag(1/s)
-    dense = torch.block_diag(torch.kron(lb, w), torch.linalg.inv(r), torch.diag(1 / s))
-    v = torch.randn(20, 2, generator=gen, dtype=torch.float64)
-    a = torch.randn(6, 20, generator=gen, dtype=torch.float64)
+    y = torch.linalg.qr(torch.randn(12, 2, generator=gen, dtype=torch.float64)).Q
+    lam = torch.tensor([0.3, 0.9], dtype=torch.float64)  # M = I - Y diag(lam) Y^T
+    t.add_kron_metric(lb, w, gauge.MetricRoot.of(y, torch.diag(1 / lam - 1)))  # C = diag(1 / lam)
+    m = torch.eye(12, dtype=torch.float64) - y @ torch.diag(lam) @ y.T
+    vals, vecs = torch.linalg.eigh(m)
+    root = vecs @ torch.diag(vals.sqrt()) @ vecs.T  # T = M^(1/2) (L (x) W)
+    dense = torch.block_diag(
+        torch.kron(lb, w), torch.linalg.inv(r), torch.diag(1 / s), root @ torch.kron(lb, w)
+    )
+    v = torch.randn(32, 2, generator=gen, dtype=torch.float64)
+    a = torch.randn(6, 32, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(t.apply(v), dense @ v)
     torch.testing.assert_close(t.apply_t(v), dense.T @ v)
     torch.testing.assert_close(t.solve(v), torch.linalg.solve(dense, v))

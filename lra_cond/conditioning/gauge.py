@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lra_cond.conditioning import factored
-from lra_cond.linalg import kron_left
+from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, null_vectors
 from lra_cond.models.attention.jacobian import Factored
 
 GAUGE_RTOL = 1e-10  # a group is the gauge (or input-side) when its directions fit that form to this
@@ -259,3 +259,155 @@ class GaugeProjector:
         u = kron_left(v[:n], l_q.T, p_q.T, d) - self._swap(kron_left(v[n:], l_k.T, p_k.T, d), rows=True)
         z = self.x @ u
         return torch.cat([kron_left(z, l_q, p_q, d), -kron_left(self._swap(z, rows=True), l_k, p_k, d)])
+
+
+@dataclass
+class MetricRoot:
+    """The symmetric square root S of M = I - Y C^-1 Y^T (C - Y^T Y positive semidefinite:
+    0 < M <= I) and its inverse, each applied in O(n r) through Y and an r x r core:
+    S^(+-1) = I + Y A_(+-) Y^T, A_(+-) = R^-1 V diag((1 - lam)^(+-1/2) - 1) V^T R^-T, from
+    Y^T Y = R^T R and R C^-1 R^T = V diag(lam) V^T (Y R^-1 V orthonormal: M = I - Y R^-1 V diag(lam)
+    V^T R^-T Y^T)."""
+
+    y: torch.Tensor  # (n, r)
+    plus: torch.Tensor  # (r, r) A_+
+    minus: torch.Tensor  # (r, r) A_-
+    floor: float  # M's smallest eigenvalue, 1 - max lam
+
+    @classmethod
+    def of(cls, y: torch.Tensor, extra: torch.Tensor) -> MetricRoot | None:
+        """C = Y^T Y + ``extra`` (positive semidefinite); None when Y's columns are not independent."""
+        g = gram(y)
+        r, info = torch.linalg.cholesky_ex(g, upper=True)
+        if int(info):
+            return None
+        half = torch.linalg.solve_triangular(torch.linalg.cholesky(g + extra), r.T, upper=False)
+        lam, vecs = torch.linalg.eigh(half.T @ half)  # R C^-1 R^T = half^T half
+        lam = lam.clamp(0.0, 1.0)
+        w = torch.linalg.solve_triangular(r, vecs, upper=True)  # R^-1 V
+        root = torch.sqrt(1 - lam)
+        core = lambda f: (w * f) @ w.T  # noqa: E731
+        return cls(y, core(root - 1), core(1 / root.clamp_min(1e-300) - 1), float(root[-1] ** 2))
+
+    def root(self, v: torch.Tensor) -> torch.Tensor:  # S v
+        return v + matvec(self.y, self.plus @ matvec(self.y.T, v))
+
+    def inverse_root(self, v: torch.Tensor) -> torch.Tensor:  # S^-1 v
+        return v + matvec(self.y, self.minus @ matvec(self.y.T, v))
+
+
+# The metric's smallest eigenvalue below which the complement is not used: the Gram in E's
+# coordinates is ~1/floor as ill-conditioned as in orthonormal ones (measured: normalized attention
+# at its init, floor ~0.1, its Schur-complement Gram off by 2e-4 along the sigma_min vector where
+# the regularised route's was off by 2e-6; both refined on the exact J to the same sigma_min)
+METRIC_FLOOR = 0.05
+
+
+@dataclass
+class OrthogonalGaugeComplement:
+    """Coordinates of a complement of the orthogonal gauge {(M W_Q, M W_K) : M antisymmetric} and
+    the null inputs (every u w^T, w in null(X), in either block), for scores that see q and k only
+    through their directions (normalized attention).
+
+    No orthonormal basis of that complement has Kronecker structure (the gauge rotates Q's output
+    side by M and K's by the same M, whose two sides differ), but a complement that is not
+    orthogonal does: E = [all of Q on the non-null inputs V | K's perp inputs | the part of K's gauge
+    input directions (Vh_K, from A_K = W_K V V^T = U_K S_K Vh_K) off the gauge]. With C' = U_K^T C
+    for K's direction C Vh_K, the gauge's K part is M' S_K (M' antisymmetric), per pair i < j the
+    coordinates (C'_ij, C'_ji) along (s_j, -s_i); the complement keeps (s_i, s_j) / r_ij and the
+    diagonal. E meets the gauge only in Q, so its metric E^T P E (P the orthogonal projector onto
+    the complement of the gauge and the null inputs) is I but on Q's coordinates, where it is
+    M = I - Y_Q (Y_Q^T Y_Q + Y_K^T Y_K)^-1 Y_Q^T (Y_b: the gauge's coordinates in block b). J on
+    the orthogonal complement, in orthonormal coordinates, is then J E M^(-1/2) (J is null on the
+    gauge): its Grams are those of J E, from the blocks' factors, with M^(1/2) in the
+    preconditioner (``Preconditioner.add_kron_metric``)."""
+
+    inputs: torch.Tensor  # V (D', r): the non-null input directions, Q's coordinates (b, c) on them
+    rows: torch.Tensor  # Vh_K^T (D', d)
+    perp: torch.Tensor  # (D', r - d): K's other non-null input directions
+    u: torch.Tensor  # U_K (d, d)
+    s: torch.Tensor  # S_K (d,)
+    metric: MetricRoot  # on Q's coordinates, (d r) row-major
+    first: torch.Tensor  # per complement column: its (i, j) and (j, i) indices among K's d^2
+    second: torch.Tensor
+    a: torch.Tensor  # and their weights s_i / r_ij, s_j / r_ij (diagonal: 1, 0)
+    b: torch.Tensor
+
+    @property
+    def d(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def n_sym(self) -> int:
+        return self.a.numel()
+
+    def sym(self, m: torch.Tensor) -> torch.Tensor:
+        """M P for M's products with K's gauge coordinates (n, d^2; (i, j): u^K_i (x) vh^K_j)."""
+        return m[:, self.first] * self.a + m[:, self.second] * self.b
+
+    def sym_matrix(self) -> torch.Tensor:
+        """P as a (d^2, n_sym) matrix in K's (b, j) coordinates, output b raw: (U_K (x) I) P."""
+        d = self.d
+        eye = torch.eye(d * d, dtype=self.u.dtype, device=self.u.device)
+        p = self.sym(eye)  # rows (i, j)
+        return (self.u @ p.reshape(d, -1)).reshape(d * d, -1)
+
+    def gauge_part(self, m: torch.Tensor) -> torch.Tensor:
+        """The M (k, d, d) of the gauge elements that clear K's directions C' (k, d, d) of their part
+        along the gauge (on the pairs (s_j, -s_i))."""
+        s = self.s
+        r2 = s[:, None] ** 2 + s[None, :] ** 2
+        mu = (m * s[None, None, :] - m.transpose(1, 2) * s[None, :, None]) / r2  # M'_ij, antisymmetric
+        return self.u @ mu @ self.u.T
+
+    def coordinates(self, dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+        """The coordinates ([Q | K perp | K sym], metric applied) of directions (dq, dk) (k, d, D'),
+        modulo the gauge and the null inputs, as (n, k): what J sees of them."""
+        ck = self.u.T @ (dk @ self.rows)  # C' (k, d, d)
+        m = self.gauge_part(ck)
+        q = ((dq - m @ w_q) @ self.inputs).reshape(dq.shape[0], -1).T
+        sym = self.sym(ck.reshape(dk.shape[0], -1))  # (the gauge element's K part is off P)
+        return torch.cat([self.metric.root(q), (dk @ self.perp).reshape(dk.shape[0], -1).T, sym.T])
+
+
+def orthogonal_complement(
+    maps: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, x: torch.Tensor
+) -> OrthogonalGaugeComplement | None:
+    """The complement for a group whose M_i (m, d, d) span every antisymmetric M (the orthogonal
+    gauge's d (d - 1) / 2), on inputs x (rows); None when the group is another, or the metric
+    nearly singular (``METRIC_FLOOR``)."""
+    d, dim = w_q.shape
+    if maps.shape[0] != d * (d - 1) // 2 or (maps + maps.transpose(1, 2)).norm() > 1e-12 * maps.norm():
+        return None
+    null_in = null_vectors(x, RANK_RTOL)
+    q = torch.linalg.qr(null_in, mode="complete").Q
+    inputs = q[:, null_in.shape[1] :]
+    a_k = w_k @ inputs @ inputs.T
+    u, s, vh = torch.linalg.svd(a_k, full_matrices=False)
+    if float(s[-1]) <= INDEPENDENT_RTOL * float(s[0]):
+        return None
+    rows = vh.T
+    basis = torch.linalg.qr(torch.cat([null_in, rows], 1), mode="complete").Q
+    perp = basis[:, null_in.shape[1] + d :]
+    y_q = (maps @ w_q @ inputs).reshape(maps.shape[0], -1).T.contiguous()  # (d r, m)
+    y_k = (u.T @ maps @ u * s[None, None, :]).reshape(maps.shape[0], -1)  # C' = M' S_K, (m, d^2)
+    metric = MetricRoot.of(y_q, y_k @ y_k.T)
+    if metric is None or metric.floor < METRIC_FLOOR:
+        return None
+    idx_i, idx_j = torch.triu_indices(d, d)
+    r = torch.sqrt(s[idx_i] ** 2 + s[idx_j] ** 2)
+    diag = idx_i == idx_j
+    a = torch.where(diag, 1.0, s[idx_i] / r).to(s.dtype)
+    b = torch.where(diag, 0.0, s[idx_j] / r).to(s.dtype)
+    return OrthogonalGaugeComplement(
+        inputs,
+        rows,
+        perp,
+        u,
+        s,
+        metric,
+        idx_i * d + idx_j,
+        idx_j * d + idx_i,
+        a,
+        b,
+    )

@@ -18,7 +18,8 @@ whose effect is undone exactly:
    to relative accuracy ~eps * kappa(J_A T)^2 (Ostrowski: R = R' T^{-1} satisfies
    R^T R = T^{-T} (G' + E) T^{-1} with ||G'^{-1/2} E G'^{-1/2}|| <= c eps kappa(G')).
 3. **Null space: deflated or regularised.** The whole head's null space (the gauge: ~1/3 of its
-   columns; normalized attention's orthogonal gauge, ~1/8, is regularised as below:
+   columns; normalized attention's orthogonal gauge, ~1/8, by a complement that is not orthogonal,
+   its metric in the preconditioner: ``_factored_head_orthogonal``, else regularised as below:
    ``_factored_head_kept``) is deflated by orthogonal transformations (``_deflate_columns``):
    every block's input side is rotated so that the null directions live in a few input
    coordinates, and only those are replaced by their complement. A scope with few null
@@ -87,6 +88,7 @@ from lra_cond.linalg import (
     kron_right,
     matvec,
     orthonormal_basis,
+    orthonormal_columns,
     spectrum_cut,
     svdvals,
 )
@@ -169,6 +171,12 @@ class Preconditioner:
         inverses = (torch.linalg.inv(lb), torch.linalg.inv(w))
         self.parts.append(("kron", lb.shape[0] * w.shape[0], (lb, w, *inverses)))
 
+    def add_kron_metric(self, lb: torch.Tensor, w: torch.Tensor, metric: gauge.MetricRoot) -> None:
+        """T = S (L (x) W), S = ``metric``'s square root M^(1/2) (symmetric): coordinates whose
+        inner product is M (``gauge.OrthogonalGaugeComplement``), Kronecker-preconditioned."""
+        inverses = (torch.linalg.inv(lb), torch.linalg.inv(w))
+        self.parts.append(("kron_metric", lb.shape[0] * w.shape[0], (lb, w, *inverses, metric)))
+
     def add_dense(self, r: torch.Tensor) -> None:
         """R (n, n) upper triangular, or the diagonal s (n,) of a Jacobi preconditioner."""
         self.parts.append(("dense" if r.dim() == 2 else "diag", r.shape[0], (r,)))
@@ -195,6 +203,8 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0], mats[1], x)
+            if kind == "kron_metric":
+                return mats[4].root(self._kron(mats[0], mats[1], x))
             if kind == "diag":
                 return x / mats[0][:, None]
             return torch.linalg.solve_triangular(mats[0], x, upper=True)
@@ -205,6 +215,8 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0].T, mats[1].T, x)
+            if kind == "kron_metric":
+                return self._kron(mats[0].T, mats[1].T, mats[4].root(x))
             if kind == "diag":
                 return x / mats[0][:, None]
             return torch.linalg.solve_triangular(mats[0].T, x, upper=False)
@@ -215,6 +227,8 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2], mats[3], x)
+            if kind == "kron_metric":
+                return self._kron(mats[2], mats[3], mats[4].inverse_root(x))
             return x * mats[0][:, None] if kind == "diag" else matvec(mats[0], x)
 
         return self._each(v, fn)
@@ -223,6 +237,8 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2].T, mats[3].T, x)
+            if kind == "kron_metric":
+                return mats[4].inverse_root(self._kron(mats[2].T, mats[3].T, x))
             return x * mats[0][:, None] if kind == "diag" else matvec(mats[0].T, x)
 
         return self._each(v, fn)
@@ -232,11 +248,16 @@ class Preconditioner:
         out, start = [], 0
         for kind, n, mats in self.parts:
             block = a[:, start : start + n]
-            if kind == "kron":
-                lb, w = mats[2:] if inverse else mats[:2]
+            if kind in ("kron", "kron_metric"):
+                lb, w = mats[2:4] if inverse else mats[:2]
+                if kind == "kron_metric" and not inverse:  # a S (L (x) W): S symmetric
+                    block = mats[4].root(block.T).T
                 d, p = lb.shape[0], w.shape[0]
                 tmp = (block.reshape(-1, p) @ w).reshape(-1, d, p)  # input side, then the output side
-                out.append((lb.T @ tmp).reshape(a.shape[0], n))  # in place: no transposed copies
+                tmp = (lb.T @ tmp).reshape(a.shape[0], n)  # in place: no transposed copies
+                if kind == "kron_metric" and inverse:  # a (L (x) W)^-1 S^-1
+                    tmp = mats[4].inverse_root(tmp.T).T
+                out.append(tmp)
             elif kind == "diag":  # T = diag(1/s)
                 out.append(block * mats[0] if inverse else block / mats[0])
             elif inverse:  # T = R^{-1}
@@ -1037,6 +1058,10 @@ def _factored_head(
             closed = None
     if closed is None:
         if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
+            if gauge_part is not None:
+                out = _factored_head_orthogonal(fs, u, r_y, s_y, null, x, verified, rtol, method, gauge_part)
+                if out is not None:
+                    return out
             return _factored_head_kept(fs, u, r_y, s_y, null, x, verified, rtol, method, gauge_part)
         basis = deflation(null, d, dim, n_b)
     n_c, pcol = basis.comp.shape[1], 0
@@ -1135,6 +1160,92 @@ def _factored_head_kept(
     return _solve(
         rows, t, value, verified, rtol, method, g=h, null=null_q, refine=True, joint=joint, regulariser=reg
     )
+
+
+class _MetricDeflation:
+    """``Deflation`` whose first ``n_q`` coordinates carry a metric M: B = B_0 diag(M^(-1/2), I)
+    (``gauge.OrthogonalGaugeComplement``: orthonormal coordinates of J's restriction)."""
+
+    def __init__(self, base: Deflation, metric: gauge.MetricRoot, n_q: int) -> None:
+        self.base, self.metric, self.n_q, self.n = base, metric, n_q, base.n
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        return self.base.apply(torch.cat([self.metric.inverse_root(v[: self.n_q]), v[self.n_q :]]))
+
+    def apply_t(self, v: torch.Tensor) -> torch.Tensor:
+        out = self.base.apply_t(v)
+        return torch.cat([self.metric.inverse_root(out[: self.n_q]), out[self.n_q :]])
+
+
+def _factored_head_orthogonal(
+    fs: list[Factored],
+    u: torch.Tensor,
+    r_y: int,
+    s_y: torch.Tensor,
+    null: torch.Tensor,
+    x: torch.Tensor,
+    verified: int,
+    rtol: float,
+    method: str,
+    gauge_part: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Extremes | None:
+    """``_factored_head`` for a null space holding the orthogonal gauge (normalized attention: 496 of
+    its 578 directions at the reference shape) and the null inputs: both deflated by the
+    complement of ``gauge.OrthogonalGaugeComplement`` (Q whole, K's perp inputs, K's gauge inputs
+    off the gauge: 3600 of 4160 coordinates there), its metric on Q in the preconditioner, and the
+    other null directions (few: the symmetric gauge, the scales) regularised in those coordinates.
+    Every Gram from the blocks' factors, as in ``_factored_head_kept`` on fewer columns (its
+    Cholesky factor ~2/3 of the cost). None when the groups do not have that form."""
+    (maps, w_q, w_k), columns = gauge_part
+    if len(fs) != 2:
+        return None
+    comp = gauge.orthogonal_complement(maps, w_q, w_k, x)
+    if comp is None:
+        return None
+    d, dim = comp.d, x.shape[1]
+    size = d * dim
+    rest = null[:, ~columns]
+    dq, dk = (rest[i * size : (i + 1) * size].T.reshape(-1, d, dim) for i in range(2))
+    left = orthonormal_columns(comp.coordinates(dq, dk, w_q), norms=rest.norm(dim=0))
+    n_inputs = 2 * d * (dim - comp.inputs.shape[1])
+    if left.shape[1] + n_inputs + maps.shape[0] != null.shape[1]:
+        return None  # other groups, or the null inputs not X's
+    (f_q, f_k), t = fs, Preconditioner()
+    w_in, w_perp = input_whitening(x @ comp.inputs), input_whitening(x @ comp.perp)
+    l_q, l_k = factored.output_side(f_q), factored.output_side(f_k)
+    pieces = [
+        factored.preconditioned(f_q, l_q, comp.inputs @ w_in),
+        factored.preconditioned(f_k, l_k, comp.perp @ w_perp),
+        factored.preconditioned(f_k, comp.u, comp.rows),  # K's gauge inputs, to be reduced by P
+    ]
+    n_o = d * (comp.inputs.shape[1] + comp.perp.shape[1])
+    g = _block_grams(pieces, None, x)
+    top = _rows_rotated(pieces, u[:, :r_y], d)
+    top_o, top_s = top[:, :n_o], comp.sym(top[:, n_o:])
+    h_ss = gram(top_s, add_to=comp.sym(comp.sym(g[n_o:, n_o:]).T), alpha=-1.0)
+    eye = torch.eye(comp.n_sym, dtype=x.dtype, device=x.device)
+    r_c = torch.linalg.cholesky_ex(h_ss + 1e-10 * float(h_ss.diagonal().mean()) * eye, upper=True)[0]
+    h = x.new_empty(n_o + comp.n_sym, n_o + comp.n_sym)
+    h[:n_o, :n_o] = g[:n_o, :n_o]
+    gram(top_o, add_to=h[:n_o, :n_o], alpha=-1.0)
+    h[:n_o, n_o:] = torch.linalg.solve_triangular(
+        r_c, comp.sym(g[:n_o, n_o:]) - top_o.T @ top_s, upper=True, left=False
+    )
+    h[n_o:, :n_o] = h[:n_o, n_o:].T
+    h[n_o:, n_o:] = torch.linalg.solve_triangular(
+        r_c.T, torch.linalg.solve_triangular(r_c, h_ss, upper=True, left=False), upper=False
+    )
+    t.add_kron_metric(l_q, w_in, comp.metric)
+    t.add_kron(l_k, w_perp)
+    t.add_dense(r_c)
+    coupling = torch.cat([top_o, torch.linalg.solve_triangular(r_c, top_s, upper=True, left=False)], 1)
+    base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
+    basis = _MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
+    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]  # type: ignore[arg-type]
+    joint = DeflatedRows(fs, u, d, basis)  # type: ignore[arg-type]
+    null_q = torch.cat([null.new_zeros(r_y * d, left.shape[1]), left])
+    value = (s_y[:r_y].repeat_interleave(d), coupling, True)  # the coupling as C T (``_Factor``)
+    return _solve(rows, t, value, verified, rtol, method, g=h, null=null_q, refine=True, joint=joint)
 
 
 def _gauge_regulariser(
