@@ -63,8 +63,7 @@ def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Fac
         low_rank = (mix, (z.reshape(-1, z.shape[-1]) @ w).view(z.shape[0], z.shape[1], -1))
     out = Factored(f.kind, left, f.right @ w, low_rank)
     if "correction" in f.cache:  # E^T (B (L (x) W)) = (E^T B) (L (x) W), and E^T E Z alike: ~1/3
-        d = f.left.shape[-1]  # of their cost from the factors (a row rotation of B, T m d^2 p)
-        out.cache["correction"] = tuple(kron_right(c, lb, w, d) for c in f.cache["correction"])
+        out.cache["correction_of"] = (f.cache["correction"], lb, w)  # of their cost from the factors
     return out
 
 
@@ -72,8 +71,13 @@ def _correction_products(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
     """(E^T B, E^T E Z), each (r, d p), for a corrected block J = B + E Z: every Gram with the
     block needs them, so they are formed once per block (kept in its cache)."""
     if "correction" not in f.cache:
-        mix, z = f.low_rank  # type: ignore[misc]
-        f.cache["correction"] = (_mix_t_base(mix, f.base), mix.cross(mix, z.reshape(z.shape[0], -1)))
+        if "correction_of" in f.cache:  # its block's, carried by ``preconditioned``: formed only
+            products, lb, w = f.cache.pop("correction_of")  # when asked (most pieces never are)
+            d = f.left.shape[-1]
+            f.cache["correction"] = tuple(kron_right(c, lb, w, d) for c in products)
+        else:
+            mix, z = f.low_rank  # type: ignore[misc]
+            f.cache["correction"] = (_mix_t_base(mix, f.base), mix.cross(mix, z.reshape(z.shape[0], -1)))
     return f.cache["correction"]
 
 
