@@ -1098,19 +1098,8 @@ def _factored_head(
         g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x)
         g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
         g_cc = closed.gram(g[n_perp:, n_perp:])
-    gm_perp = g_pc - top_perp.T @ top_c
-    h0 = gram(top_c, add_to=g_cc, alpha=-1.0)  # the complement's own Gram, for its whitening
-    eye = torch.eye(n_c, dtype=x.dtype, device=x.device)
-    r_c = torch.linalg.cholesky_ex(h0 + 1e-10 * float(h0.diagonal().mean()) * eye, upper=True)[0]
+    h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
     t_d.add_dense(r_c)
-    h = x.new_empty(n_perp + n_c, n_perp + n_c)
-    h[:n_perp, :n_perp] = g_pp
-    gram(top_perp, add_to=h[:n_perp, :n_perp], alpha=-1.0)  # in place: no third such matrix
-    h[:n_perp, n_perp:] = torch.linalg.solve_triangular(r_c, gm_perp, upper=True, left=False)
-    h[n_perp:, :n_perp] = h[:n_perp, n_perp:].T
-    h[n_perp:, n_perp:] = torch.linalg.solve_triangular(
-        r_c.T, torch.linalg.solve_triangular(r_c, h0, upper=True, left=False), upper=False
-    )
     rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
     # C B formed (~50 MB at the reference shape; its pieces are formed anyway): the inverse Gram's
     # products read it, where the factors' operator re-reads nystrom's corrections Z (~140 MB):
@@ -1121,6 +1110,28 @@ def _factored_head(
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
     return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
+
+
+def _schur_whitened(
+    g_pp: torch.Tensor, g_pc: torch.Tensor, g_cc: torch.Tensor, top_p: torch.Tensor, top_c: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The value block's Schur complement G - C^T C of a Gram G = [[G_pp, G_pc], [., G_cc]] and
+    coupling rows C = [C_p | C_c], its complement part whitened by R_c, the (shifted) Cholesky
+    factor of its own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows
+    times R_c^-1. ``g_cc`` is overwritten."""
+    n_p, n_c = g_pp.shape[0], g_cc.shape[0]
+    h_cc = gram(top_c, add_to=g_cc, alpha=-1.0)
+    eye = torch.eye(n_c, dtype=g_cc.dtype, device=g_cc.device)
+    r_c = torch.linalg.cholesky_ex(h_cc + 1e-10 * float(h_cc.diagonal().mean()) * eye, upper=True)[0]
+    h = g_pp.new_empty(n_p + n_c, n_p + n_c)
+    h[:n_p, :n_p] = g_pp
+    gram(top_p, add_to=h[:n_p, :n_p], alpha=-1.0)  # in place: no third such matrix
+    h[:n_p, n_p:] = torch.linalg.solve_triangular(r_c, g_pc - top_p.T @ top_c, upper=True, left=False)
+    h[n_p:, :n_p] = h[:n_p, n_p:].T
+    h[n_p:, n_p:] = torch.linalg.solve_triangular(
+        r_c.T, torch.linalg.solve_triangular(r_c, h_cc, upper=True, left=False), upper=False
+    )
+    return h, r_c
 
 
 def _factored_head_kept(
@@ -1222,19 +1233,8 @@ def _factored_head_orthogonal(
     g = _block_grams(pieces, None, x)
     top = _rows_rotated(pieces, u[:, :r_y], d)
     top_o, top_s = top[:, :n_o], comp.sym(top[:, n_o:])
-    h_ss = gram(top_s, add_to=comp.sym(comp.sym(g[n_o:, n_o:]).T), alpha=-1.0)
-    eye = torch.eye(comp.n_sym, dtype=x.dtype, device=x.device)
-    r_c = torch.linalg.cholesky_ex(h_ss + 1e-10 * float(h_ss.diagonal().mean()) * eye, upper=True)[0]
-    h = x.new_empty(n_o + comp.n_sym, n_o + comp.n_sym)
-    h[:n_o, :n_o] = g[:n_o, :n_o]
-    gram(top_o, add_to=h[:n_o, :n_o], alpha=-1.0)
-    h[:n_o, n_o:] = torch.linalg.solve_triangular(
-        r_c, comp.sym(g[:n_o, n_o:]) - top_o.T @ top_s, upper=True, left=False
-    )
-    h[n_o:, :n_o] = h[:n_o, n_o:].T
-    h[n_o:, n_o:] = torch.linalg.solve_triangular(
-        r_c.T, torch.linalg.solve_triangular(r_c, h_ss, upper=True, left=False), upper=False
-    )
+    g_ss = comp.sym(comp.sym(g[n_o:, n_o:]).T)
+    h, r_c = _schur_whitened(g[:n_o, :n_o], comp.sym(g[:n_o, n_o:]), g_ss, top_o, top_s)
     t.add_kron_metric(l_q, w_in, comp.metric)
     t.add_kron(l_k, w_perp)
     t.add_dense(r_c)
