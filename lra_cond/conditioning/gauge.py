@@ -389,6 +389,8 @@ def orthogonal_complement(
     rows = vh.T
     basis = torch.linalg.qr(torch.cat([null_in, rows], 1), mode="complete").Q
     perp = basis[:, null_in.shape[1] + d :]
+    if not perp.shape[1]:  # every input direction K's own or null (a head as wide as its inputs)
+        return None
     y_q = (maps @ w_q @ inputs).reshape(maps.shape[0], -1).T.contiguous()  # (d r, m)
     y_k = (u.T @ maps @ u * s[None, None, :]).reshape(maps.shape[0], -1)  # C' = M' S_K, (m, d^2)
     metric = MetricRoot.of(y_q, y_k @ y_k.T)
