@@ -43,7 +43,7 @@ from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.linearised import LinearisedLayer, linearise
 from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
-from lra_cond.conditioning.spectrum import Extremes, NullGroup, ScopeNull, head_spectra
+from lra_cond.conditioning.spectrum import Extremes, GaugePart, NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL, span_union, spectrum_cut, svdvals
@@ -166,7 +166,7 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
 
 def _gauge_part(
     groups: list[NullGroup], columns: dict[int, tuple[int, int]], added: list[int], basis: torch.Tensor
-) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+) -> GaugePart | None:
     """The largest group of the gauge's form that entered the basis whole (every direction
     independent of the others'), and a mask of its columns: its projector has a closed form."""
     fits = [i for i, g in enumerate(groups) if g.maps is not None and added[i] == g.directions.shape[1]]

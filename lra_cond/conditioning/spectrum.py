@@ -74,6 +74,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, product
+from typing import NamedTuple
 
 import torch
 
@@ -96,6 +97,11 @@ from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
+
+
+# a group of the gauge's form, as its (M_i, W_Q, W_K) (``NullGroup.maps``), and a mask of its
+# columns among a scope's null basis (``ScopeNull.gauge_part``)
+GaugePart = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -132,7 +138,7 @@ class ScopeNull:
     structure: NullStructure | None = None  # every group outside V in closed form (``gauge``)
     # a group of the gauge's form (``NullGroup.maps``) and its columns of ``basis`` (the others and
     # the group span the null space): its regulariser in closed form (``_gauge_regulariser``)
-    gauge_part: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    gauge_part: GaugePart | None = None
 
 
 @dataclass
@@ -1023,18 +1029,26 @@ def _factored_kept(
     return rows, t, _cross_grams(pre, scaled)
 
 
+class _Head(NamedTuple):
+    """One head's whole-head problem once the value block is eliminated: the blocks' factors (all
+    but V's), the token rotation [Q_Y | Q_perp] with Y's rank and singular values, the null
+    directions outside V, the probe input, the verified null count, the cut and the method."""
+
+    fs: list[Factored]
+    u: torch.Tensor
+    r_y: int
+    s_y: torch.Tensor
+    null: torch.Tensor
+    x: torch.Tensor
+    verified: int
+    rtol: float
+    method: str
+
+
 def _factored_head(
-    fs: list[Factored],
-    u: torch.Tensor,
-    r_y: int,
-    s_y: torch.Tensor,
-    null: torch.Tensor,
-    x: torch.Tensor,
-    verified: int,
-    rtol: float,
-    method: str,
+    head: _Head,
     closed: gauge.GaugeComplement | None = None,
-    gauge_part: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    gauge_part: GaugePart | None = None,
 ) -> Extremes:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
@@ -1051,6 +1065,7 @@ def _factored_head(
 
     The exact rows (of the check, the refinement and sigma_max) are an operator through the
     factors, never formed; the value coupling C B is, from the Schur complement's pieces."""
+    fs, u, r_y, s_y, null, x, verified, rtol, method = head
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
     if closed is not None:
         basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
@@ -1059,10 +1074,10 @@ def _factored_head(
     if closed is None:
         if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
             if gauge_part is not None:
-                out = _factored_head_orthogonal(fs, u, r_y, s_y, null, x, verified, rtol, method, gauge_part)
+                out = _factored_head_orthogonal(head, gauge_part)
                 if out is not None:
                     return out
-            return _factored_head_kept(fs, u, r_y, s_y, null, x, verified, rtol, method, gauge_part)
+            return _factored_head_kept(head, gauge_part)
         basis = deflation(null, d, dim, n_b)
     n_c, pcol = basis.comp.shape[1], 0
     # each block split by input side into its perp and its par coordinates, as separate factors
@@ -1135,16 +1150,8 @@ def _schur_whitened(
 
 
 def _factored_head_kept(
-    fs: list[Factored],
-    u: torch.Tensor,
-    r_y: int,
-    s_y: torch.Tensor,
-    null: torch.Tensor,
-    x: torch.Tensor,
-    verified: int,
-    rtol: float,
-    method: str,
-    gauge_part: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    head: _Head,
+    gauge_part: GaugePart | None = None,
 ) -> Extremes:
     """``_factored_head`` for a null space without a closed form but with few directions
     (normalized attention's: its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every
@@ -1154,6 +1161,7 @@ def _factored_head_kept(
     Schur complement T^T G_AA T - C'^T C' is then one Gram of the preconditioned factors less one
     of their rotated rows, where deflating takes a Householder complement and four congruences by
     it (measured ~1.4 s a head at the reference shape)."""
+    fs, u, r_y, s_y, null, x, verified, rtol, method = head
     d = fs[0].left.shape[-1]
     t, pre, identity = _kept_coordinates(fs, d, x)
     top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
@@ -1189,16 +1197,8 @@ class _MetricDeflation:
 
 
 def _factored_head_orthogonal(
-    fs: list[Factored],
-    u: torch.Tensor,
-    r_y: int,
-    s_y: torch.Tensor,
-    null: torch.Tensor,
-    x: torch.Tensor,
-    verified: int,
-    rtol: float,
-    method: str,
-    gauge_part: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    head: _Head,
+    gauge_part: GaugePart,
 ) -> Extremes | None:
     """``_factored_head`` for a null space holding the orthogonal gauge (normalized attention: 496 of
     its 578 directions at the reference shape) and the null inputs: both deflated by the
@@ -1207,6 +1207,7 @@ def _factored_head_orthogonal(
     other null directions (few: the symmetric gauge, the scales) regularised in those coordinates.
     Every Gram from the blocks' factors, as in ``_factored_head_kept`` on fewer columns (its
     Cholesky factor ~2/3 of the cost). None when the groups do not have that form."""
+    fs, u, r_y, s_y, null, x, verified, rtol, method = head
     (maps, w_q, w_k), columns = gauge_part
     if len(fs) != 2:
         return None
@@ -1436,9 +1437,8 @@ def head_spectra(
                 part = None  # a gauge-form group's columns among null_a ([Q | K] blocks only)
                 if null.gauge_part is not None and a_blocks == ["q", "k"]:
                     part = (null.gauge_part[0], null.gauge_part[1][~v_part])
-                out[scope] = _factored_head(
-                    fs, u, r_y, s_y, null_a, x_real, verified, rtol, method, closed, part
-                )
+                problem = _Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
+                out[scope] = _factored_head(problem, closed, part)
                 continue
             (main, coupling), t = _deflate_columns(
                 [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real
