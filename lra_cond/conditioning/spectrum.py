@@ -814,7 +814,7 @@ def _same_span(v: torch.Tensor, v_par: torch.Tensor) -> bool:
 
 class DeflatedRows:
     """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
-    B a ``Deflation`` and D optional dense columns (T d, r_D; only with U = None), as an operator:
+    B a ``Deflation`` (or ``_MetricDeflation``) and D optional dense columns (T d, r_D; only with U = None), as an operator:
     exact rows without forming them (``dense`` does, for a Householder QR or svdvals). The whole
     head's rows after the value elimination, a factored block's rows on its deflated coordinates,
     or factored blocks next to a family's dense columns."""
@@ -824,7 +824,7 @@ class DeflatedRows:
         blocks: list[Factored],
         u: torch.Tensor | None,
         d: int,
-        basis: Deflation,
+        basis: Deflation | _MetricDeflation,
         columns: torch.Tensor | None = None,
     ) -> None:
         self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
@@ -1242,8 +1242,8 @@ def _factored_head_orthogonal(
     coupling = torch.cat([top_o, torch.linalg.solve_triangular(r_c, top_s, upper=True, left=False)], 1)
     base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
     basis = _MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
-    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]  # type: ignore[arg-type]
-    joint = DeflatedRows(fs, u, d, basis)  # type: ignore[arg-type]
+    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
+    joint = DeflatedRows(fs, u, d, basis)
     null_q = torch.cat([null.new_zeros(r_y * d, left.shape[1]), left])
     value = (s_y[:r_y].repeat_interleave(d), coupling, True)  # the coupling as C T (``_Factor``)
     return _solve(rows, t, value, verified, rtol, method, g=h, null=null_q, refine=True, joint=joint)
