@@ -814,10 +814,10 @@ def _same_span(v: torch.Tensor, v_par: torch.Tensor) -> bool:
 
 class DeflatedRows:
     """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
-    B a ``Deflation`` (or ``_MetricDeflation``) and D optional dense columns (T d, r_D; only with U = None), as an operator:
-    exact rows without forming them (``dense`` does, for a Householder QR or svdvals). The whole
-    head's rows after the value elimination, a factored block's rows on its deflated coordinates,
-    or factored blocks next to a family's dense columns."""
+    B a ``Deflation`` (or ``_MetricDeflation``) and D optional dense columns (T d, r_D; only with
+    U = None), as an operator: exact rows without forming them (``dense`` does, for a Householder
+    QR or svdvals). The whole head's rows after the value elimination, a factored block's rows on
+    its deflated coordinates, or factored blocks next to a family's dense columns."""
 
     def __init__(
         self,
