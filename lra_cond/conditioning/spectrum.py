@@ -1065,7 +1065,7 @@ def _factored_head(
 
     The exact rows (of the check, the refinement and sigma_max) are an operator through the
     factors, never formed; the value coupling C B is, from the Schur complement's pieces."""
-    fs, u, r_y, s_y, null, x, verified, rtol, method = head
+    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
     if closed is not None:
         basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
@@ -1115,16 +1115,48 @@ def _factored_head(
         g_cc = closed.gram(g[n_perp:, n_perp:])
     h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
     t_d.add_dense(r_c)
-    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
     # C B formed (~50 MB at the reference shape; its pieces are formed anyway): the inverse Gram's
     # products read it, where the factors' operator re-reads nystrom's corrections Z (~140 MB):
     # measured 78 -> 36 ms per Lanczos step there, the same for softmax and normalized
-    coupling = torch.cat([c_perp, top_c], 1)
-    value = (s_y[:r_y].repeat_interleave(d), coupling)
+    return _solve_head(head, basis, t_d, h, torch.cat([c_perp, top_c], 1), preconditioned=False)
+
+
+def _solve_head(
+    head: _Head,
+    basis: Deflation | _MetricDeflation,
+    t: Preconditioner,
+    h: torch.Tensor,
+    coupling: torch.Tensor,
+    preconditioned: bool,
+    null: torch.Tensor | None = None,
+    regulariser: _Regulariser | None = None,
+) -> Extremes:
+    """The extremes of a whole head from its value block's Schur complement ``h`` (preconditioned
+    by ``t`` on the coordinates ``basis``), the value part diag(s_Y) (x) I_d and its ``coupling``
+    (C, or C T when ``preconditioned``: ``_Factor.c_preconditioned``); the exact rows through the
+    factors, those of Q_perp and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``,
+    ``regulariser``: null directions left in the coordinates (``_solve``)."""
+    fs, u, r_y, s_y, _, _, verified, rtol, method = head
+    d = fs[0].left.shape[-1]
+    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
     joint = DeflatedRows(fs, u, d, basis)  # [C B; rows]: u's columns are [Q_Y | Q_perp]
+    s = s_y[:r_y].repeat_interleave(d)
+    value = (s, coupling, True) if preconditioned else (s, coupling)
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
-    return _solve(rows, t_d, value, verified, rtol, method, g=h, refine=True, joint=joint)
+    return _solve(
+        rows,
+        t,
+        value,
+        verified,
+        rtol,
+        method,
+        g=h,
+        null=null,
+        refine=True,
+        joint=joint,
+        regulariser=regulariser,
+    )
 
 
 def _schur_whitened(
@@ -1161,7 +1193,7 @@ def _factored_head_kept(
     Schur complement T^T G_AA T - C'^T C' is then one Gram of the preconditioned factors less one
     of their rotated rows, where deflating takes a Householder complement and four congruences by
     it (measured ~1.4 s a head at the reference shape)."""
-    fs, u, r_y, s_y, null, x, verified, rtol, method = head
+    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
     d = fs[0].left.shape[-1]
     t, pre, identity = _kept_coordinates(fs, d, x)
     top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
@@ -1170,15 +1202,10 @@ def _factored_head_kept(
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
-    rows = [DeflatedRows(fs, u[:, r_y:], d, identity)]
-    value = (s_y[:r_y].repeat_interleave(d), top, True)  # the coupling as C T (``_Factor``)
-    joint = DeflatedRows(fs, u, d, identity)
     reg = None  # (None: from an orthonormal basis of all of T^T N, in ``_solve``)
     if gauge_part is not None and [kind for kind, _, _ in t.parts] == ["kron", "kron"]:
         reg = _gauge_regulariser(t, null, *gauge_part)
-    return _solve(
-        rows, t, value, verified, rtol, method, g=h, null=null_q, refine=True, joint=joint, regulariser=reg
-    )
+    return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q, regulariser=reg)
 
 
 class _MetricDeflation:
@@ -1207,7 +1234,7 @@ def _factored_head_orthogonal(
     other null directions (few: the symmetric gauge, the scales) regularised in those coordinates.
     Every Gram from the blocks' factors, as in ``_factored_head_kept`` on fewer columns (its
     Cholesky factor ~2/3 of the cost). None when the groups do not have that form."""
-    fs, u, r_y, s_y, null, x, verified, rtol, method = head
+    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
     (maps, w_q, w_k), columns = gauge_part
     if len(fs) != 2:
         return None
@@ -1242,11 +1269,8 @@ def _factored_head_orthogonal(
     coupling = torch.cat([top_o, torch.linalg.solve_triangular(r_c, top_s, upper=True, left=False)], 1)
     base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
     basis = _MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
-    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
-    joint = DeflatedRows(fs, u, d, basis)
     null_q = torch.cat([null.new_zeros(r_y * d, left.shape[1]), left])
-    value = (s_y[:r_y].repeat_interleave(d), coupling, True)  # the coupling as C T (``_Factor``)
-    return _solve(rows, t, value, verified, rtol, method, g=h, null=null_q, refine=True, joint=joint)
+    return _solve_head(head, basis, t, h, coupling, preconditioned=True, null=null_q)
 
 
 def _gauge_regulariser(
