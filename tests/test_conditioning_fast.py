@@ -509,7 +509,7 @@ def test_preconditioner_pieces_are_consistent() -> None:
     t.add_dense(s)  # a Jacobi block, T = diag(1/s)
     y = torch.linalg.qr(torch.randn(12, 2, generator=gen, dtype=torch.float64)).Q
     lam = torch.tensor([0.3, 0.9], dtype=torch.float64)  # M = I - Y diag(lam) Y^T
-    t.add_kron_metric(lb, w, gauge.MetricRoot.of(y, torch.diag(1 / lam - 1)))  # C = diag(1 / lam)
+    t.add_kron(lb, w, gauge.MetricRoot.of(y, torch.diag(1 / lam - 1)))  # C = diag(1 / lam)
     m = torch.eye(12, dtype=torch.float64) - y @ torch.diag(lam) @ y.T
     vals, vecs = torch.linalg.eigh(m)
     root = vecs @ torch.diag(vals.sqrt()) @ vecs.T  # T = M^(1/2) (L (x) W)

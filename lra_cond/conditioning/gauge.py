@@ -320,7 +320,7 @@ class OrthogonalGaugeComplement:
     M = I - Y_Q (Y_Q^T Y_Q + Y_K^T Y_K)^-1 Y_Q^T (Y_b: the gauge's coordinates in block b). J on
     the orthogonal complement, in orthonormal coordinates, is then J E M^(-1/2) (J is null on the
     gauge): its Grams are those of J E, from the blocks' factors, with M^(1/2) in the
-    preconditioner (``Preconditioner.add_kron_metric``)."""
+    preconditioner (``Preconditioner.add_kron``)."""
 
     inputs: torch.Tensor  # V (D', r): the non-null input directions, Q's coordinates (b, c) on them
     rows: torch.Tensor  # Vh_K^T (D', d)

@@ -167,21 +167,19 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
 
 class Preconditioner:
     """Block-diagonal T over a column layout: Kronecker blocks L (x) W (columns (b, c), c over
-    W's size, row-major), dense blocks T = R^{-1} (R upper triangular) and diagonal ones T =
-    diag(1/s) (a Jacobi preconditioner, given as s), in column order."""
+    W's size, row-major; optionally after a metric's root, ``add_kron``), dense blocks
+    T = R^{-1} (R upper triangular) and diagonal ones T = diag(1/s) (a Jacobi preconditioner,
+    given as s), in column order."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[str, int, tuple[torch.Tensor, ...]]] = []  # (kind, size, matrices)
 
-    def add_kron(self, lb: torch.Tensor, w: torch.Tensor) -> None:
-        inverses = (torch.linalg.inv(lb), torch.linalg.inv(w))
-        self.parts.append(("kron", lb.shape[0] * w.shape[0], (lb, w, *inverses)))
-
-    def add_kron_metric(self, lb: torch.Tensor, w: torch.Tensor, metric: gauge.MetricRoot) -> None:
-        """T = S (L (x) W), S = ``metric``'s square root M^(1/2) (symmetric): coordinates whose
-        inner product is M (``gauge.OrthogonalGaugeComplement``), Kronecker-preconditioned."""
-        inverses = (torch.linalg.inv(lb), torch.linalg.inv(w))
-        self.parts.append(("kron_metric", lb.shape[0] * w.shape[0], (lb, w, *inverses, metric)))
+    def add_kron(self, lb: torch.Tensor, w: torch.Tensor, metric: gauge.MetricRoot | None = None) -> None:
+        """T = L (x) W; with ``metric``, T = S (L (x) W), S its square root M^(1/2) (symmetric):
+        coordinates whose inner product is M (``gauge.OrthogonalGaugeComplement``)."""
+        mats = (lb, w, torch.linalg.inv(lb), torch.linalg.inv(w))
+        n = lb.shape[0] * w.shape[0]
+        self.parts.append(("kron", n, mats) if metric is None else ("kron_metric", n, (*mats, metric)))
 
     def add_dense(self, r: torch.Tensor) -> None:
         """R (n, n) upper triangular, or the diagonal s (n,) of a Jacobi preconditioner."""
@@ -1263,7 +1261,7 @@ def _factored_head_orthogonal(
     top_o, top_s = top[:, :n_o], comp.sym(top[:, n_o:])
     g_ss = comp.sym(comp.sym(g[n_o:, n_o:]).T)
     h, r_c = _schur_whitened(g[:n_o, :n_o], comp.sym(g[:n_o, n_o:]), g_ss, top_o, top_s)
-    t.add_kron_metric(l_q, w_in, comp.metric)
+    t.add_kron(l_q, w_in, comp.metric)
     t.add_kron(l_k, w_perp)
     t.add_dense(r_c)
     coupling = torch.cat([top_o, torch.linalg.solve_triangular(r_c, top_s, upper=True, left=False)], 1)
