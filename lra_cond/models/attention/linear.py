@@ -191,15 +191,15 @@ class LinearAttention(Attention, name="linear"):
         T d^3 + B (d^2 + d)^2 r flops where the columns' Gram costs T d r^2 (~0.15 s a head)."""
         d, per = inp.d, inp.d * inp.d + inp.d
         out = m.new_zeros(m.shape[1], m.shape[1])
-        eye = torch.eye(d, dtype=m.dtype, device=m.device)
         for s_idx, (w, a) in enumerate(self._output_weights(inp)):
-            g = m.new_empty(per, per)
-            g[: d * d, : d * d] = torch.kron(w.T @ w, eye)
-            g[: d * d, d * d :] = -torch.einsum("ib,ia,ic->bac", w, a, w).reshape(d * d, d)
-            g[d * d :, : d * d] = g[: d * d, d * d :].T
-            g[d * d :, d * d :] = (w * a.square().sum(1, keepdim=True)).T @ w
             block = m[s_idx * per : (s_idx + 1) * per]
-            out += block.T @ (g @ block)
+            m_s, m_z = block[: d * d], block[d * d :]
+            cross = -torch.einsum("ib,ia,ic->bac", w, a, w).reshape(d * d, d)
+            # the (S, S) part applied as (W^T W) (x) I_d, never formed: d^3 r flops where the dense
+            # d^2 x d^2 block's product takes d^4 r (~2.2 of the 4.7 GFLOP of one call, reference shape)
+            on_s = ((w.T @ w) @ m_s.reshape(d, -1)).reshape(d * d, -1) + cross @ m_z
+            on_z = cross.T @ m_s + ((w * a.square().sum(1, keepdim=True)).T @ w) @ m_z
+            out += m_s.T @ on_s + m_z.T @ on_z
         return out
 
     def _statistics_values(self, inp: jac.HeadInputs) -> torch.Tensor:
