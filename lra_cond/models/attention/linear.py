@@ -280,7 +280,10 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
         solvers.append((u_b[:, :rank], s_b[:rank], vh_b[:rank]))
     conditions = torch.cat(complements)
     if conditions.shape[0]:
-        _, s_c, vh_c = torch.linalg.svd(conditions, full_matrices=False)  # tall: vh_c is complete
+        # tall, so vh_c is complete; from its triangular factor (same s and Vh): the SVD of the
+        # tall matrix forms its left vectors too (measured 76 against 36 ms at 5000 x 256)
+        r_c = torch.linalg.qr(conditions, mode="r").R
+        _, s_c, vh_c = torch.linalg.svd(r_c, full_matrices=False)
         s_c = torch.cat([s_c, s_c.new_zeros(len(x) - s_c.numel())])
         c_basis = vh_c[s_c <= RANK_RTOL * float(s_c[0])].T
     else:
