@@ -24,6 +24,7 @@ KEYS = {
     "cond_probe_s",
     "cond_probe_fraction",
     "cond_probe_note",
+    "probe_gemm_gflops",
 }
 B, N, D, M, H, LAYERS, CLASSES = 2, 64, 64, 128, 2, 2, 10
 
@@ -61,8 +62,10 @@ def test_json_line_is_consistent(results, path):
         assert r["cond_probe_s"] > 0
         expected = r["cond_probe_s"] / (DEFAULT_EVERY_N_STEPS * r["step_s_median"])
         assert r["cond_probe_fraction"] == pytest.approx(expected, rel=0.05, abs=1e-5)  # rounded
+        assert r["probe_gemm_gflops"] > 0
     else:  # --no-probe
         assert r["cond_probe_s"] is None and r["cond_probe_fraction"] is None
+        assert r["probe_gemm_gflops"] is None
     assert r["explicit"] == (path == "explicit")
     assert 0 < r["step_s_min"] <= r["step_s_median"]
     assert r["tokens_per_s"] == pytest.approx(B * N / r["step_s_median"], rel=1e-3)
@@ -80,6 +83,15 @@ def test_flops_match_hand_count(results):
     # The blockwise kernel recomputes Q K^T in its backward: one more attention matmul per layer.
     recompute = LAYERS * 2 * B * H * N * N * (D // H)
     assert results["fast"]["flops_per_step"] == 3 * forward_matmul_flops() + recompute
+
+
+def test_gemm_rate_is_the_best_product_over_its_time(monkeypatch):
+    """2 n^3 flops over the fastest of the timed products (a clock that gives each product 0.5 s,
+    then one 0.25 s, reads 2 n^3 / 0.25)."""
+    ticks = iter([0.0, 0.5, 1.0, 1.25, 2.0, 2.5])  # three timed products: 0.5, 0.25, 0.5 s
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(ticks))
+    n = 64
+    assert bench.gemm_gflops(n=n, reps=3) == pytest.approx(2 * n**3 / 0.25 / 1e9)
 
 
 def test_unknown_attention_is_one_line_error(tmp_path):

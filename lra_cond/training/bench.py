@@ -192,6 +192,23 @@ def monitor_probe(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tup
     return probe_s, monitor.every_n_steps, note
 
 
+def gemm_gflops(n: int = 1536, reps: int = 3, device: str = "cpu") -> float:
+    """This process's float64 matrix-product rate (GFLOP/s, best of ``reps`` n x n products after
+    one warm-up): the condition probe is mostly such products, and a machine's rate moves by tens
+    of percent between machines and within a session, so a probe time reads only next to it."""
+    a = torch.randn(n, n, dtype=torch.float64, device=device)
+    b = torch.randn(n, n, dtype=torch.float64, device=device)
+    a @ b
+    _sync(device)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
 def probe_fraction(probe_s: float | None, every: int, step_s: float) -> float | None:
     """One probe over the training time between two probes: probe_s / (every_n_steps x step_s);
     None when the probe was not timed."""
@@ -220,9 +237,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = [{k: v.to(args.device) for k, v in b.items()} for b in batches]
     # The monitor's probes land at step 0 and every N steps, where the model is either freshly
     # initialised or well trained; time one on the model as fit's step-0 probe sees it.
-    probe_s, every, cond_note = None, 0, "not timed (--no-probe)"
+    probe_s, every, cond_note, gemm = None, 0, "not timed (--no-probe)", None
     if not args.no_probe:
         model.eval()
+        gemm = gemm_gflops(device=args.device)  # the machine's pace, just before the probe
         probe_s, every, cond_note = monitor_probe(model, batches[0])
         model.train()
     times: list[float] = []
@@ -269,6 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cond_probe_s": None if probe_s is None else round(probe_s, 4),
         "cond_probe_fraction": cond,
         "cond_probe_note": cond_note,
+        "probe_gemm_gflops": None if gemm is None else round(gemm, 1),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         "loadavg_1min": round(os.getloadavg()[0], 2),
