@@ -335,23 +335,26 @@ def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, lis
     dim = v_x.shape[1]
     n_k, n_c = [], []  # per sequence: (d, d, r_x) K-side sums, (d, r_x) z sums; (d, r_x) V-side sums
     for x in inp.xs:
-        k, v = x @ inp.w["k"].T, x @ inp.w["v"].T
-        dphi = feature_map_derivative(k)
-        xr = x @ v_x
-        n_k.append((torch.einsum("jb,ja,jc->bac", dphi, v, xr), dphi.T @ xr))
-        n_c.append(feature_map(k).T @ xr)
-    values = torch.cat(n_c)  # V: the same block for every a
+        k, xr = x @ inp.w["k"].T, x @ v_x
+        if "k" in blocks:
+            dphi = feature_map_derivative(k)
+            n_k.append((torch.einsum("jb,ja,jc->bac", dphi, x @ inp.w["v"].T, xr), dphi.T @ xr))
+        if "v" in blocks:
+            n_c.append(feature_map(k).T @ xr)
+    values = torch.cat(n_c) if n_c else None  # V: the same block for every a
     k_parts, v_parts = [], []
     for row in range(d):  # W_K's row b, W_V's row a
         cols = torch.arange(row * dim, (row + 1) * dim, device=device)
-        k_rows = torch.cat([(seq + row * d + ar).flatten(), (seq + d * d + row).flatten()])
-        k_mat = torch.cat(
-            [torch.stack([ns[row] for ns, _ in n_k]).reshape(-1, dim)] + [nz[row][None] for _, nz in n_k]
-        )
-        k_parts.append((k_rows, cols, k_mat))
-        v_parts.append(((seq[:, :, None] + ar[None, :, None] * d + row).flatten(), cols, values))
-    if blocks != ["k", "v"]:
-        return d * dim, [(*part, None) for part in (k_parts if blocks == ["k"] else v_parts)], v_x
+        if "k" in blocks:
+            k_rows = torch.cat([(seq + row * d + ar).flatten(), (seq + d * d + row).flatten()])
+            k_mat = torch.cat(
+                [torch.stack([ns[row] for ns, _ in n_k]).reshape(-1, dim)] + [nz[row][None] for _, nz in n_k]
+            )
+            k_parts.append((k_rows, cols, k_mat))
+        if "v" in blocks:
+            v_parts.append(((seq[:, :, None] + ar[None, :, None] * d + row).flatten(), cols, values))
+    if blocks != ["k", "v"]:  # one block alone: its d diagonal blocks
+        return d * dim, [(*part, None) for part in k_parts + v_parts], v_x
     # both: W_K's and W_V's rows reach the same rows of S, so G is one block, kept with its
     # sub-blocks (disjoint in their columns) for the first pass of its factor (``_first_pass``)
     parts = k_parts + [(rows, cols + d * dim, mat) for rows, cols, mat in v_parts]
