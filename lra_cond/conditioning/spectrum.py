@@ -1134,11 +1134,11 @@ def _solve_head(
     (C, or C T when ``preconditioned``: ``_Factor.c_preconditioned``); the exact rows through the
     factors, those of Q_perp and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``,
     ``regulariser``: null directions left in the coordinates (``_solve``)."""
-    fs, u, r_y, s_y, _, _, verified, rtol, method = head
+    fs, u, r_y = head.fs, head.u, head.r_y
     d = fs[0].left.shape[-1]
     rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
     joint = DeflatedRows(fs, u, d, basis)  # [C B; rows]: u's columns are [Q_Y | Q_perp]
-    s = s_y[:r_y].repeat_interleave(d)
+    s = head.s_y[:r_y].repeat_interleave(d)
     value = (s, coupling, True) if preconditioned else (s, coupling)
     # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
     # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
@@ -1146,9 +1146,9 @@ def _solve_head(
         rows,
         t,
         value,
-        verified,
-        rtol,
-        method,
+        head.verified,
+        head.rtol,
+        head.method,
         g=h,
         null=null,
         refine=True,
