@@ -10,11 +10,18 @@ import math
 import pytest
 import torch
 
-import lra_cond.conditioning.spectrum as spectrum
 from lra_cond import linalg
-from lra_cond.conditioning import jacobian_condition
+from lra_cond.conditioning import (
+    deflation,
+    extremes,
+    factored_scopes,
+    jacobian_condition,
+    spectrum,
+    whole_head,
+)
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.conditioning.linearised import linearise
+from lra_cond.conditioning.preconditioner import Preconditioner
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
 
@@ -153,13 +160,13 @@ def test_value_block_is_eliminated_in_closed_form(monkeypatch: pytest.MonkeyPatc
     x, mask = padded_input(3, 2, 30, 8)
     x = layer_norm(x)
     seen = []
-    real_solve = spectrum._solve
+    real_solve = extremes.solve
 
     def spy(rows, t, value, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         seen.append(value is not None)
         return real_solve(rows, t, value, *args, **kwargs)
 
-    monkeypatch.setattr(spectrum, "_solve", spy)
+    monkeypatch.setattr(extremes, "solve", spy)
     fast = jacobian_condition(layer, x, mask, per_block=False)
     assert seen == [True, True]  # one whole-head scope per head, both eliminated
     dense = jacobian_condition(layer, x, mask, method="dense", per_block=False)
@@ -179,13 +186,13 @@ def test_whole_head_from_factors_equals_the_dense_rows(monkeypatch: pytest.Monke
     x, mask = padded_input(5, 2, 30, 8)
     x = layer_norm(x) + 0.3 * torch.randn(8, dtype=torch.float64)  # a LayerNorm bias: key shift too
     taken = []
-    real_head = spectrum._factored_head
+    real_head = whole_head.factored_head
 
     def spy(*args):  # noqa: ANN002, ANN202
         taken.append(True)
         return real_head(*args)
 
-    monkeypatch.setattr(spectrum, "_factored_head", spy)
+    monkeypatch.setattr(whole_head, "factored_head", spy)
     fast = jacobian_condition(layer, x, mask, per_block=False)
     assert taken == [True, True]
     real_spectra = spectrum.head_spectra
@@ -216,7 +223,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
     x, mask = padded_input(9, 2, 30, dim)
     x = layer_norm(x) + 0.2 * torch.randn(dim, dtype=torch.float64)
     taken = []
-    real_kept = spectrum._factored_kept
+    real_kept = factored_scopes.factored_kept
 
     def spy(fs, columns, *args):  # noqa: ANN001, ANN002, ANN202
         taken.append((len(fs), columns is not None))
@@ -230,7 +237,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
         torch.testing.assert_close(g, pre.T @ pre, rtol=1e-10, atol=1e-10 * float(g.abs().max()))
         return rows, t, g
 
-    monkeypatch.setattr(spectrum, "_factored_kept", spy)
+    monkeypatch.setattr(factored_scopes, "factored_kept", spy)
     fast = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     assert taken == [(factored_blocks, family == "linear")] * heads  # linear: Q, next to K/V columns
     real_spectra = spectrum.head_spectra
@@ -246,7 +253,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
 def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Cholesky factor the spectrum routine forms gets random upper-triangular noise of 1e-4
     of its smallest pivot."""
-    real = spectrum._triangular
+    real = extremes._triangular
     gen = torch.Generator().manual_seed(0)
 
     def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
@@ -257,7 +264,7 @@ def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
             factored_gram = r.T @ r  # the Gram this factor factors
         return r, route, factored_gram
 
-    monkeypatch.setattr(spectrum, "_triangular", spoiled)
+    monkeypatch.setattr(extremes, "_triangular", spoiled)
 
 
 @pytest.mark.parametrize("family", ["softmax", "nystrom", "linear"])
@@ -298,7 +305,7 @@ def test_a_check_too_coarse_to_vouch_leads_to_the_exact_j(
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     dense = jacobian_condition(layer, x, method="dense")
     spoil_every_cholesky(monkeypatch)
-    monkeypatch.setattr(spectrum, "EPS", 1e-3)  # every check's rounding level is far above its tolerance
+    monkeypatch.setattr(extremes, "EPS", 1e-3)  # every check's rounding level is far above its tolerance
     refined = jacobian_condition(layer, x)
     assert not any("lost sigma_min" in n for n in refined.notes)  # the check saw nothing
     assert refined.sigma_min == pytest.approx(dense.sigma_min, rel=1e-8)
@@ -317,13 +324,13 @@ def test_a_schur_complement_gram_that_does_not_refine_is_formed_from_the_exact_r
     layer = build_attention(family, 8, 2)
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     dense = jacobian_condition(layer, x, method="dense", per_block=False)
-    real, calls = spectrum._refined_sigma_min, []
+    real, calls = extremes._refined_sigma_min, []
 
     def first_fails(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return None if len(calls) == 1 else real(*args, **kwargs)
 
-    monkeypatch.setattr(spectrum, "_refined_sigma_min", first_fails)
+    monkeypatch.setattr(extremes, "_refined_sigma_min", first_fails)
     redone = jacobian_condition(layer, x, per_block=False)
     assert any("recomputed by the Gram of the exact rows" in n for n in redone.notes)
     assert not any("Householder QR" in n for n in redone.notes)
@@ -342,13 +349,13 @@ def test_a_factored_head_applies_its_exact_rows_as_one_operator(
     torch.manual_seed(2)
     layer = build_attention(family, 8, 2)
     x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
-    factors, real = [], spectrum._extremes
+    factors, real = [], extremes._factor_extremes
 
     def spy(factor):  # noqa: ANN001, ANN202
         factors.append(factor)
         return real(factor)
 
-    monkeypatch.setattr(spectrum, "_extremes", spy)
+    monkeypatch.setattr(extremes, "_factor_extremes", spy)
     jacobian_condition(layer, x, per_block=False)
     joint = [f for f in factors if f.joint is not None]
     assert len(joint) == 2  # one per head
@@ -360,7 +367,7 @@ def test_a_factored_head_applies_its_exact_rows_as_one_operator(
         basis = torch.eye(f.n, dtype=torch.float64)
         if f.null is not None:
             assert family == "normalized" and not bool(f.null[: f.n_v].any())
-            comp = spectrum._complement(*torch.geqrf(f.null[f.n_v :]))
+            comp = deflation.complement(*torch.geqrf(f.null[f.n_v :]))
             basis = torch.block_diag(basis[: f.n_v, : f.n_v], comp)
             torch.testing.assert_close(basis.T @ basis, torch.eye(basis.shape[1], dtype=torch.float64))
             assert float((f.null.T @ basis).abs().max()) < 1e-12
@@ -383,16 +390,16 @@ def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
     v, _ = torch.linalg.qr(torch.randn(20, 20, generator=gen, dtype=torch.float64))
     s = torch.logspace(0, -4, 20, dtype=torch.float64)
     a = u @ torch.diag(s) @ v.T
-    t = spectrum.Preconditioner()
+    t = Preconditioner()
     t.add_dense(torch.eye(20, dtype=torch.float64))
     r = torch.linalg.qr(a, mode="r").R
-    factor = spectrum._Factor(None, None, r, t, [a], "cholesky")
+    factor = extremes._Factor(None, None, r, t, [a], "cholesky")
     start = v[:, -1] + 1e-3 * v[:, -2]  # close to the sigma_min vector, as a factor's would be
     high = float(s[-1]) * (1 + 3e-3)
-    assert spectrum._refined_sigma_min(factor, start, high) is None
-    refined = spectrum._refined_sigma_min(factor, start, high, error=1.5e-3)
+    assert extremes._refined_sigma_min(factor, start, high) is None
+    refined = extremes._refined_sigma_min(factor, start, high, error=1.5e-3)
     assert refined == pytest.approx(float(s[-1]), rel=1e-10)
-    assert spectrum._refined_sigma_min(factor, start, float(s[-1]) * (1 + 5e-4)) == pytest.approx(refined)
+    assert extremes._refined_sigma_min(factor, start, float(s[-1]) * (1 + 5e-4)) == pytest.approx(refined)
 
 
 @pytest.mark.parametrize(
@@ -410,14 +417,14 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
     torch.manual_seed(5)
     layer = build_attention(family, 8, 2, **options)
     x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
-    given, real = [], spectrum._solve
+    given, real = [], extremes.solve
 
     def spy(rows, t, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         if kwargs.get("refine"):
             given.append((rows, t, kwargs["g"].clone()))
         return real(rows, t, *args, **kwargs)
 
-    monkeypatch.setattr(spectrum, "_solve", spy)
+    monkeypatch.setattr(extremes, "solve", spy)
     jacobian_condition(layer, x, per_block=False)
     assert len(given) == 2  # one per head, both from the factors
     for rows, t, g in given:
@@ -442,14 +449,14 @@ def test_a_gauge_regulariser_in_closed_form_is_the_projector_onto_the_null_space
     torch.manual_seed(6)
     layer = build_attention("normalized", 12, 2)  # d = 6: 15 rotations
     x = layer_norm(torch.randn(1, 40, 12, dtype=torch.float64))
-    seen, real = [], spectrum._solve
+    seen, real = [], extremes.solve
 
     def spy(rows, t, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         if kwargs.get("regulariser") is not None:
             seen.append((t, kwargs["null"], kwargs["regulariser"]))
         return real(rows, t, *args, **kwargs)
 
-    monkeypatch.setattr(spectrum, "_solve", spy)
+    monkeypatch.setattr(extremes, "solve", spy)
     jacobian_condition(layer, x, per_block=False)
     assert len(seen) == 2  # one per head
     for t, null, reg in seen:
@@ -469,8 +476,8 @@ def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
     layer = build_attention(family, 8, 2, **({"num_landmarks": 6} if family == "nystrom" else {}))
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     base = jacobian_condition(layer, x)
-    monkeypatch.setattr(spectrum, "CHECK_RTOL", -1.0)  # every check fails
-    monkeypatch.setattr(spectrum, "_refined_sigma_min", lambda *args, **kwargs: None)  # and the refinement
+    monkeypatch.setattr(extremes, "CHECK_RTOL", -1.0)  # every check fails
+    monkeypatch.setattr(extremes, "_refined_sigma_min", lambda *args, **kwargs: None)  # and the refinement
     redone = jacobian_condition(layer, x)
     assert any("recomputed by Householder QR" in n for n in redone.notes)
     assert redone.kappa == pytest.approx(base.kappa, rel=1e-8)
@@ -503,7 +510,7 @@ def test_preconditioner_pieces_are_consistent() -> None:
     r = torch.triu(torch.randn(5, 5, generator=gen, dtype=torch.float64))
     r = r + 5 * torch.eye(5, dtype=torch.float64)
     s = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
-    t = spectrum.Preconditioner()
+    t = Preconditioner()
     t.add_kron(lb, w)
     t.add_dense(r)
     t.add_dense(s)  # a Jacobi block, T = diag(1/s)
@@ -528,7 +535,7 @@ def test_preconditioner_pieces_are_consistent() -> None:
 
 def test_gram_is_a_transpose_a() -> None:
     a = torch.randn(50, 700, dtype=torch.float64)
-    torch.testing.assert_close(spectrum.gram(a), a.T @ a)
+    torch.testing.assert_close(linalg.gram(a), a.T @ a)
     for n in (4200, 700, 300):  # diagonal panels in panels, panels, one product below 512 columns
         b, c = torch.randn(40, n, dtype=torch.float64), torch.randn(n, n, dtype=torch.float64)
         sym = c + c.T
@@ -622,14 +629,14 @@ def test_factored_blocks_give_the_dense_per_block_values(
     x, mask = padded_input(8, 2, 30, 8)
     x = layer_norm(x) + 0.1
     taken = []
-    real = spectrum._factored_scope
+    real = factored_scopes.factored_scope
 
     def spy(*args):  # noqa: ANN002, ANN202
         out = real(*args)
         taken.append("regularised" if out[3] is not None else "deflated")
         return out
 
-    monkeypatch.setattr(spectrum, "_factored_scope", spy)
+    monkeypatch.setattr(factored_scopes, "factored_scope", spy)
     fast = jacobian_condition(layer, x, mask)
     dense = jacobian_condition(layer, x, mask, method="dense")
     # softmax and normalized factor Q and K (normalized's K with a low-rank correction), linear
@@ -941,13 +948,13 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
     torch.manual_seed(5)
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
     regularised = []
-    real_solve = spectrum._solve
+    real_solve = extremes.solve
 
     def spy(rows, t, value, *args, null=None, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         regularised.append(null is not None)
         return real_solve(rows, t, value, *args, null=null, **kwargs)
 
-    monkeypatch.setattr(spectrum, "_solve", spy)
+    monkeypatch.setattr(extremes, "solve", spy)
     # per head: the whole head (its orthogonal gauge has no closed-form complement: few
     # directions, regularised), then Q and K; without its scale, K's declared nulls are all
     # input-side (the key shift) and are deflated instead

@@ -9,6 +9,7 @@ import torch
 
 import lra_cond.conditioning.spectrum as spectrum
 from lra_cond.conditioning import gauge, jacobian_condition
+from lra_cond.conditioning.deflation import Deflation, MetricDeflation
 from lra_cond.linalg import null_vectors
 from lra_cond.models.attention import build_attention
 from lra_cond.models.attention import jacobian as jac
@@ -38,7 +39,7 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     structure = gauge.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
     closed = gauge.complement(structure, ["q", "k"], k, d, dim)
     assert closed is not None
-    basis = spectrum.Deflation(closed.perp, closed.rows, closed.comp(), d)
+    basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
     b = basis.apply(torch.eye(basis.n, dtype=torch.float64))  # the basis in the blocks' layout
     assert b.shape == (2 * d * dim, 2 * d * dim - k)
     assert torch.allclose(b.T @ b, torch.eye(b.shape[1], dtype=torch.float64), atol=1e-13)
@@ -265,8 +266,8 @@ def test_the_orthogonal_gauge_complement_is_an_isometry_onto_the_null_space_s_co
     k = torch.linalg.matrix_rank(null).item()
     assert k == d * (d - 1) // 2 + 2 * d
     project = torch.eye(2 * d * dim, dtype=torch.float64) - null @ torch.linalg.pinv(null)
-    base = spectrum.Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
-    b = spectrum._MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
+    base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
+    b = MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
     e = b.apply(torch.eye(b.n, dtype=torch.float64))
     assert e.shape[1] == 2 * d * dim - k
     on = project @ e

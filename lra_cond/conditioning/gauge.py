@@ -8,7 +8,7 @@ has an orthonormal basis in closed form, with Kronecker structure:
 
 * per block, the input side splits into the null inputs W_b, the gauge's own input directions (the
   rows of A_b = W~_b (I - W_b W_b^T), by its SVD A_b = U_b S_b Vh_b) and the rest, ``perp`` (free
-  of null directions: kept whole, as in ``spectrum.deflation``);
+  of null directions: kept whole, as in ``deflation.deflation``);
 * on the gauge's directions (d x d coordinates per block: output b, input Vh_b row c) the gauge is
   (M U_Q S_Q, -M^T U_K S_K), and its complement is spanned by the d^2 orthonormal columns
       (alpha_ij u^K_j (x) vh^Q_i,  beta_ij u^Q_i (x) vh^K_j),

@@ -39,12 +39,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from lra_cond.conditioning import gauge
+from lra_cond.conditioning.extremes import Extremes
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.linearised import LinearisedLayer, linearise
 from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
-from lra_cond.conditioning.spectrum import Extremes, GaugePart, NullGroup, ScopeNull, head_spectra
+from lra_cond.conditioning.spectrum import NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weight_kappa import weight_conditions
+from lra_cond.conditioning.whole_head import GaugePart
 from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL, span_union, spectrum_cut, svdvals
 from lra_cond.models.attention.base import Attention

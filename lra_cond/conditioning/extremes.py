@@ -1,0 +1,399 @@
+"""A scope's extreme non-null singular values from a triangular factor of its preconditioned Gram
+(steps 4 and 5 of ``spectrum``): block Lanczos for sigma_max and, through triangular solves, for
+sigma_min; the check of sigma_min against the exact J, its refinement on the exact J, and the
+fallbacks (the Gram of the exact rows, Householder QR, svdvals), in that order (``solve``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import product
+
+import torch
+
+from lra_cond.conditioning import gauge
+from lra_cond.conditioning.deflation import DeflatedRows, complement, materialised, rows_product
+from lra_cond.conditioning.lanczos import top_eigenpair
+from lra_cond.conditioning.preconditioner import Preconditioner
+from lra_cond.linalg import gram, matvec, orthonormal_basis, spectrum_cut, svdvals
+
+EPS = torch.finfo(torch.float64).eps
+CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
+
+
+REGULARISE_RATIO = 4  # a scope regularises its k null directions when k * this <= its columns
+
+
+@dataclass
+class Extremes:
+    sigma_max: float
+    sigma_min: float
+    n_null: int  # null directions excluded: the verified rank plus any extra
+    n_extra_null: int  # singular values <= rtol * sigma_max the verified groups do not explain
+    route: str  # "kron" | "cholesky" | "qr" | "svdvals"
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Factor:
+    """R with R^T R = J^T J on one scope's deflated coordinates: R = [[diag(rv), C], [0, R' T^{-1}]]
+    (the value part optional), R'^T R' = T^T A^T A T. ``rows`` are the exact rows, for checks.
+    With ``null`` (regularised), R^T R = J^T J + N Z N^T: every vector is projected off N."""
+
+    rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
+    c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
+    r: torch.Tensor  # (n_A, n_A) upper triangular R'
+    t: Preconditioner
+    rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
+    route: str
+    null: torch.Tensor | None = None  # orthonormal null basis still in the coordinates (regularised)
+    # [C; rows] as one operator, when both come from the same factors (one product instead of two)
+    joint: DeflatedRows | None = None
+    gram: torch.Tensor | None = None  # the Gram R' factors (R'^T R' = it to ~eps), when formed
+    # ``c`` holds C T, the coupling on the preconditioned coordinates (C = c T^-1 applied through
+    # T: no pass over the whole coupling to form C, ~60 ms a head at the reference shape)
+    c_preconditioned: bool = False
+
+    # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
+    # ``matvec``, which reads either layout at row-major speed without a copy
+    def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
+        out = matvec(self.c.T, y)
+        return self.t.solve_t(out) if self.c_preconditioned else out
+
+    def _c(self, u: torch.Tensor) -> torch.Tensor:  # C u
+        return matvec(self.c, self.t.solve(u) if self.c_preconditioned else u)
+
+    def coupling(self) -> torch.Tensor | None:
+        """C formed."""
+        return self.t.right(self.c, inverse=True) if self.c_preconditioned else self.c
+
+    def project(self, u: torch.Tensor) -> torch.Tensor:
+        """u without its component along the regularised null directions (identity if none)."""
+        return u if self.null is None else u - matvec(self.null, matvec(self.null.T, u))
+
+    def value_cluster(self) -> torch.Tensor | None:
+        """The value coordinates of Y's largest singular value (d of them, s_Y (x) I_d), as unit
+        vectors: with a value part, J's top eigenvalues start as that d-fold one, split by the
+        coupling into a cluster (measured within 0.1-5% on nystrom heads), which ``top_eigenpair``
+        resolves in one wide step from them."""
+        if self.rv is None:  # (the cluster lies in V: clear of any regularised null direction)
+            return None
+        size = int((self.rv == self.rv[0]).sum())  # repeat_interleave: exact copies
+        return torch.eye(self.n, size, dtype=self.rv.dtype, device=self.rv.device)
+
+    @property
+    def n_v(self) -> int:
+        return 0 if self.rv is None else self.rv.numel()
+
+    @property
+    def n(self) -> int:
+        return self.n_v + self.r.shape[0]
+
+    def gram_apply(self, u: torch.Tensor) -> torch.Tensor:
+        """J^T J u for sigma_max: through the exact J when the whole head's rows are one operator
+        through a family's factors (each product then reads a few MB where R, its transpose and the
+        value coupling read ~250 MB at the reference shape: memory-bound), else as R^T R u (a block
+        alone: R is the smaller), through the factored Gram when there is one."""
+        if self.joint is not None:
+            return self.exact_apply_t(self.exact_apply(u))
+        if self.gram is None:
+            return self.rt_apply(self.r_apply(u))
+        # R^T R u with R'^T R' = G': one pass over G' where R' and R'^T take two
+        ua = u[self.n_v :]
+        low = self.t.solve_t(matvec(self.gram, self.t.solve(ua)))
+        if self.rv is None:
+            return low
+        top = self.rv[:, None] * u[: self.n_v] + self._c(ua)
+        return torch.cat([self.rv[:, None] * top, self._c_t(top) + low])
+
+    def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
+        ua = u[self.n_v :]
+        low = matvec(self.r, self.t.solve(ua))
+        if self.rv is None:
+            return low
+        return torch.cat([self.rv[:, None] * u[: self.n_v] + self._c(ua), low])
+
+    def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
+        if self.rv is None:
+            return self.t.solve_t(matvec(self.r.T, w))
+        wv, wa = w[: self.n_v], w[self.n_v :]
+        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(matvec(self.r.T, wa))])
+
+    def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u
+        if self.rv is None:
+            w = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(u), upper=False)
+            return self.t.apply(torch.linalg.solve_triangular(self.r, w, upper=True))
+        uv, ua = u[: self.n_v], u[self.n_v :]
+        wv = uv / self.rv[:, None]
+        wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t(wv)), upper=False)
+        za = self.t.apply(torch.linalg.solve_triangular(self.r, wa, upper=True))
+        return torch.cat([(wv - self._c(za)) / self.rv[:, None], za])
+
+    def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
+        """J u with the exact (unfactored) rows: [value rows; every row block], (m, k)."""
+        ua = u[self.n_v :]
+        if self.joint is not None:
+            out = self.joint @ ua
+            out[: self.n_v] += self.rv[:, None] * u[: self.n_v]
+            return out
+        low = [rows_product(rows, ua) for rows in self.rows]
+        if self.rv is not None:
+            low.insert(0, self.rv[:, None] * u[: self.n_v] + self._c(ua))
+        return torch.cat(low)
+
+    def exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
+        """J^T y for y in ``exact_apply``'s row layout."""
+        if self.joint is not None:
+            return torch.cat([self.rv[:, None] * y[: self.n_v], self.joint.T @ y])
+        start, out = self.n_v, None
+        for rows in self.rows:
+            part = rows_product(rows.T, y[start : start + rows.shape[0]])
+            out = part if out is None else out + part
+            start += rows.shape[0]
+        if self.rv is None:
+            return out
+        yv = y[: self.n_v]
+        return torch.cat([self.rv[:, None] * yv, self._c_t(yv) + out])
+
+    def exact_norm(self, u: torch.Tensor) -> float:
+        """||J u|| with the exact rows: the check of a factor that lost precision."""
+        return float(self.exact_apply(u).norm())
+
+    def dense(self) -> torch.Tensor:
+        """The exact matrix whose singular values these are (for the svdvals fallback)."""
+        a, c = torch.cat([materialised(r) for r in self.rows]), self.coupling()
+        if self.null is not None:  # the complement of the regularised null directions (none in V)
+            comp = complement(*torch.geqrf(self.null[self.n_v :]))
+            a, c = a @ comp, None if c is None else c @ comp
+        if self.rv is None:
+            return a
+        zeros = a.new_zeros(a.shape[0], self.n_v)
+        return torch.cat([torch.cat([torch.diag(self.rv), c], 1), torch.cat([zeros, a], 1)])
+
+
+@dataclass
+class Regulariser:
+    """beta P for a preconditioned Gram, P the orthogonal projector onto T^T N (N the null
+    directions regularised, T the preconditioner): beta Q Q^T for an orthonormal Q (``basis``),
+    plus a part in closed form whose range is orthogonal to Q's (``closed``: a gauge group's
+    projector, ``gauge.GaugeProjector``, on [Q | K] coordinates), where a rank-m update of the
+    Gram would cost (2 d D')^2 m. ``full``: an orthonormal basis of P's whole range (Householder
+    QR's route stacks it as rows)."""
+
+    basis: torch.Tensor
+    closed: gauge.GaugeProjector | None = None
+    full: Callable[[], torch.Tensor] | None = None
+
+    def add_to(self, g: torch.Tensor, beta: float) -> torch.Tensor:
+        if self.closed is not None:
+            n = g.shape[0] // 2
+            for i, j in product((0, 1), (0, 1)):  # formed contiguous: no strided adds
+                g[i * n : (i + 1) * n, j * n : (j + 1) * n].add_(self.closed.block(i, j), alpha=beta)
+        return gram(self.basis.T, add_to=g, alpha=beta) if self.basis.shape[1] else g
+
+    def range_basis(self) -> torch.Tensor:
+        return self.basis if self.full is None else self.full()
+
+
+def _triangular(
+    rows: list[torch.Tensor],
+    t: Preconditioner,
+    use_qr: bool,
+    g: torch.Tensor | None = None,
+    reg: Regulariser | None = None,
+) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+    """R' with R'^T R' = T^T A^T A T + beta P (A the stacked rows, P = ``reg`` the orthogonal
+    projector onto T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when
+    the caller formed it from factors), or Householder QR of the preconditioned rows stacked on
+    sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically
+    definite). Also returns the Gram that was factored (None after QR). ``g`` is regularised in
+    place (a copy of 4160^2 cost ~0.05 s at the reference shape): callers give a Gram of their own,
+    never a cached one. On vectors orthogonal to N (all that Lanczos applies it to) the regularised
+    Gram acts as the plain one: P T^-1 u = 0 exactly when N^T u = 0."""
+    pre = None
+    if not use_qr:
+        if g is None:
+            pre = [t.right(materialised(r)) for r in rows]
+            g = gram(pre[0])
+            for p in pre[1:]:
+                g = g + gram(p)
+        if reg is not None:
+            g = reg.add_to(g, float(g.diagonal().mean()))
+        chol, info = torch.linalg.cholesky_ex(g, upper=True)
+        if int(info) == 0:
+            return chol, "cholesky", g
+    if pre is None:
+        pre = [t.right(materialised(r)) for r in rows]
+    if reg is not None:
+        q = reg.range_basis()
+        beta = sum(float(p.square().sum()) for p in pre) / q.shape[0]
+        pre = [*pre, beta**0.5 * q.T]
+    r = torch.linalg.qr(torch.cat(pre) if len(pre) > 1 else pre[0], mode="r").R
+    return r * torch.where(r.diagonal() < 0, -1.0, 1.0)[:, None], "qr", None
+
+
+def _factor_extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
+    """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
+    dtype, device = factor.r.dtype, factor.r.device
+    top = top_eigenpair(
+        factor.gram_apply, factor.n, factor.project, dtype, device, start=factor.value_cluster()
+    )
+    inv = top_eigenpair(factor.inverse_gram, factor.n, factor.project, dtype, device)
+    sigma_max = math.sqrt(max(top.value, 0.0))
+    sigma_min = 1.0 / math.sqrt(inv.value) if inv.value > 0 and math.isfinite(inv.value) else 0.0
+    return sigma_max, sigma_min, inv.vector, top.vector, top.converged and inv.converged
+
+
+@dataclass
+class _Checked:
+    excess: float  # the Gram's error along the sigma_min direction beyond the check's rounding level
+    vouched: bool  # that rounding level is below the tolerance (False: the check cannot tell)
+    error: float  # the Gram's relative error in sigma along that direction, as measured
+
+
+def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> _Checked:
+    """How far the factor's inverse Gram is from the exact J's along the sigma_min direction, minus
+    the check's own rounding level (> 0: the factor lost sigma_min), and whether that rounding
+    level is below the check's tolerance (False: the check cannot vouch for sigma_min).
+
+    With w = (R^T R)^{-1} u, ||J w||^2 = u . w holds exactly when R^T R = J^T J, for any u; with
+    R^T R = J^T J + E it is off by w^T E w / u . w, the relative error of the Gram along w (u the
+    sigma_min vector makes w the sigma_min direction). The exact rows give ||J w||, to a relative
+    ~eps sqrt(n) kappa: above kappa ~1e6 that bound exceeds CHECK_RTOL (measured: a linear-
+    attention head at kappa 2.4e9 whose Cholesky sigma_min was 1.8e-4 off passed the check)."""
+    u = vector[:, None]
+    w = factor.inverse_gram(u)
+    ratio = factor.exact_norm(w) ** 2 / float((u * w).sum())
+    noise = 8 * EPS * math.sqrt(vector.numel()) * sigma_max / max(sigma_min, 1e-300)
+    error = abs(ratio - 1.0) / 2
+    return _Checked(error - noise - CHECK_RTOL, noise <= CHECK_RTOL, error)
+
+
+REFINE_RTOL = 1e-10  # relative change of sigma_min between Rayleigh-Ritz steps that ends the refinement
+# The refined sigma_min must lie this close to the factor's (else the next factor is formed),
+# widened by twice the factor's error along its sigma_min vector as the check measured it (capped
+# at REFINE_AGREE_MAX): a Gram's rounding is absolute, so its relative error is largest on the
+# smallest values, and the factor's sigma_min is off by about what the check measures there.
+# Measured: a normalized head whose Schur-complement Gram was off by 1.76e-3 along that vector had
+# its sigma_min refined 1.80e-3 below the factor's, equal to Householder QR's to 1e-10
+REFINE_AGREE = 1e-3
+REFINE_AGREE_MAX = 1e-2
+# An iterate that rises (exact Rayleigh-Ritz never does) by at most this much relative means the
+# rounding floor: at kappa ~1e10 the iterates settle within ~1e-8 and then wander by ~5e-9
+# (measured; Householder QR agrees to 5e-9), never by 1e-10
+REFINE_FLOOR = 1e-7
+
+
+# Rayleigh-Ritz steps before the refinement gives up (and the next factor is formed, ~3 s at the
+# reference shape): a factor off by ~4e-3 along its sigma_min vector (measured: a normalized head
+# at kappa 2.7e8, whose Schur-complement Gram lost that much) settles in 9-12 steps, 0.28 s
+REFINE_STEPS = 16
+
+
+def _refined_sigma_min(
+    factor: _Factor, vector: torch.Tensor, estimate: float, steps: int = REFINE_STEPS, error: float = 0.0
+) -> float | None:
+    """sigma_min of the exact J, the Cholesky factor only close (~1 GFLOP at the reference shape,
+    against ~140 for a Householder QR of the rows): preconditioned Rayleigh-Ritz
+    (LOBPCG-like, block 1) on J^T J with the factor's inverse Gram as the preconditioner, starting
+    from the factor's sigma_min vector; each step takes the smallest singular value of J V over
+    V = span(w, P r, previous w) (r = J^T J w - rho w). Every iterate is an upper bound on sigma_min
+    (Rayleigh-Ritz on a subspace), exact to eps * sigma_max through the SVD of J V, decreasing; it
+    stops when it stagnates (REFINE_RTOL) or rises by a rounding step (REFINE_FLOOR). None (take
+    the next factor) when it does neither or ends far from the factor's estimate (``error``: the
+    factor's measured error along ``vector``, see REFINE_AGREE): the factor then was not a good
+    preconditioner."""
+    agree = min(REFINE_AGREE + 2 * error, REFINE_AGREE_MAX)
+    w = vector[:, None] / vector.norm()
+    previous, sigma = None, None
+    for _ in range(steps):
+        jw = factor.exact_apply(w)
+        rho = float(jw.square().sum())
+        p = factor.project(factor.inverse_gram(factor.exact_apply_t(jw) - rho * w))
+        span = torch.cat([w, p] + ([previous] if previous is not None else []), 1)
+        v = torch.linalg.qr(span).Q
+        _, s, vh = torch.linalg.svd(factor.exact_apply(v), full_matrices=False)
+        new_w, new_sigma = v @ vh[-1][:, None], float(s[-1])
+        settled = sigma is not None and (
+            abs(sigma - new_sigma) <= REFINE_RTOL * new_sigma
+            or sigma <= new_sigma <= (1 + REFINE_FLOOR) * sigma  # risen: the rounding floor
+        )
+        if settled:
+            new_sigma = min(sigma, new_sigma)  # the smaller upper bound
+            return new_sigma if abs(new_sigma - estimate) <= agree * new_sigma else None
+        previous, w, sigma = w, new_w, new_sigma
+    return None
+
+
+def solve(
+    rows: list[torch.Tensor],
+    t: Preconditioner,
+    value: tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, bool] | None,
+    verified: int,
+    rtol: float,
+    method: str,
+    g: torch.Tensor | None = None,
+    null: torch.Tensor | None = None,
+    refine: bool = False,
+    joint: DeflatedRows | None = None,
+    regulariser: Regulariser | None = None,
+) -> Extremes:
+    """``value``: (rv, C) of a value part, or (rv, C T, True) (``_Factor.c_preconditioned``).
+    ``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
+    orthonormal basis of null directions left in the coordinates (regularised in the factor,
+    projected out of every Lanczos and Rayleigh-Ritz vector; ``regulariser``: their regulariser
+    when the caller has it in closed form). ``refine``: ``g`` was formed by
+    cancellation (a Schur complement): take the extremes from the exact J whether or not the check
+    fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
+    notes: list[str] = []
+    rv, c, *preconditioned = value if value is not None else (None, None)
+    reg = regulariser
+    if reg is None and null is not None:  # its basis need not be orthonormal to working precision
+        reg = Regulariser(orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6))
+    # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
+    # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
+    if method == "qr":
+        sources = ["qr"]
+    elif g is None:
+        sources = ["rows", "qr"]
+    else:
+        sources = ["given", "rows", "qr"] if refine else ["given", "qr"]
+    for source in sources:
+        r, route, factored_gram = _triangular(
+            rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg
+        )
+        factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram, bool(preconditioned))
+        smax, smin, vec, top, converged = _factor_extremes(factor)
+        if route != "cholesky":
+            break
+        checked = _check(factor, smax, smin, vec) if smin > rtol * smax else _Checked(1.0, True, 1.0)
+        lost = checked.excess > 0
+        if not (lost or not checked.vouched or (refine and source == "given")):
+            break
+        # the Gram lost sigma_min (or may have): take it from the exact J, the factor as
+        # preconditioner, and recompute the factor from the next source when that does not settle
+        refined = None
+        if smin > rtol * smax:
+            refined = _refined_sigma_min(factor, vec, smin, error=checked.error)
+        if refined is not None:
+            if lost:
+                notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
+            # sigma_max too, as the exact J's Rayleigh quotient of the factor's vector: a lower
+            # bound whose error is quadratic in the vector's (the factor's own is linear)
+            smin, smax = refined, factor.exact_norm(top[:, None])
+            break
+        why = "lost sigma_min" if lost else "was not refined on the exact J"
+        after = sources[sources.index(source) + 1]
+        how = "Householder QR" if after == "qr" else "the Gram of the exact rows"
+        notes.append(f"the Gram's Cholesky factor {why}: recomputed by {how}")
+    if not converged:
+        notes.append("Lanczos did not converge to 1e-10")
+    if smin <= rtol * smax:  # a null direction the verified groups miss: exact values, counted
+        smax, smin, extra = spectrum_cut(svdvals(factor.dense()), rtol)
+        notes.append(
+            f"{extra} singular value(s) <= rtol * sigma_max beyond the {verified} verified null "
+            "directions: taken from svdvals"
+        )
+        return Extremes(smax, smin, verified + extra, extra, "svdvals", notes)
+    return Extremes(smax, smin, verified, 0, factor.route, notes)

@@ -1,0 +1,353 @@
+"""The whole head when every block but V comes as a family's factors (softmax; normalized, its K
+with a low-rank correction; nystrom, its Q and K with a landmark correction): the value block
+eliminated as a Schur complement, the null space deflated by congruence (or regularised), every
+Gram from the factors, the exact rows an operator (see ``spectrum``)."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import NamedTuple
+
+import torch
+
+from lra_cond.conditioning import extremes, factored, gauge
+from lra_cond.conditioning.deflation import DeflatedRows, Deflation, MetricDeflation, deflation
+from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes, Regulariser
+from lra_cond.conditioning.factored_scopes import block_alone, block_grams, kept_coordinates
+from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
+from lra_cond.linalg import gram, kron_left, kron_right, orthonormal_basis, orthonormal_columns
+from lra_cond.models.attention.jacobian import Factored
+
+# a group of the gauge's form, as its (M_i, W_Q, W_K) (``spectrum.NullGroup.maps``), and a mask of its
+# columns among a scope's null basis (``spectrum.ScopeNull.gauge_part``)
+GaugePart = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Head(NamedTuple):
+    """One head's whole-head problem once the value block is eliminated: the blocks' factors (all
+    but V's), the token rotation [Q_Y | Q_perp] with Y's rank and singular values, the null
+    directions outside V, the probe input, the verified null count, the cut and the method."""
+
+    fs: list[Factored]
+    u: torch.Tensor
+    r_y: int
+    s_y: torch.Tensor
+    null: torch.Tensor
+    x: torch.Tensor
+    verified: int
+    rtol: float
+    method: str
+
+
+def factored_head(
+    head: Head,
+    closed: gauge.GaugeComplement | None = None,
+    gauge_part: GaugePart | None = None,
+) -> Extremes:
+    """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
+    every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
+
+    * each block's input side rotated to [V_perp | V_par] (``deflation``), then preconditioned:
+      L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
+    * the par coordinates replaced by the complement of the null directions by congruence
+      (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram; with ``closed``
+      (the null space is the gauge and null inputs) the complement's columns come from Q's
+      factors transformed by a Kronecker product instead (``gauge.GaugeComplement.factor``: no
+      Householder pass, no congruence, and K meets it only on K's perp coordinates);
+    * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
+      M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
+
+    The exact rows (of the check, the refinement and sigma_max) are an operator through the
+    factors, never formed; the value coupling C B is, from the Schur complement's pieces."""
+    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
+    d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
+    if closed is not None:
+        basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
+        if not _spans_null(basis, null):
+            closed = None
+    if closed is None:
+        if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
+            if gauge_part is not None:
+                out = _factored_head_orthogonal(head, gauge_part)
+                if out is not None:
+                    return out
+            return _factored_head_kept(head, gauge_part)
+        basis = deflation(null, d, dim, n_b)
+    n_c, pcol = basis.comp.shape[1], 0
+    # each block split by input side into its perp and its par coordinates, as separate factors
+    # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
+    # below lands in that layout, no columns gathered
+    t_d, perp_fs, par_fs, m_par, w_perps = Preconditioner(), [], [], [], []
+    for f, perp, par in zip(fs, basis.perp, basis.par):
+        lb = factored.output_side(f)  # a sum over the inputs: any rotation of them keeps it
+        w_perps.append(None)
+        if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
+            w_perps[-1] = w_perp = input_whitening(x @ perp)
+            t_d.add_kron(lb, w_perp)
+            perp_fs.append(factored.preconditioned(f, lb, perp @ w_perp))
+        if closed is None:
+            par_fs.append(factored.preconditioned(f, lb, par))
+            ws = d * par.shape[1]  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
+            comp = basis.comp[pcol : pcol + ws].reshape(d, -1)
+            m_par.append((torch.linalg.inv(lb) @ comp).reshape(ws, n_c))
+            pcol += ws
+    n_perp = sum(d * f.right.shape[-1] for f in perp_fs)
+    # C' = C T on the perp coordinates and C' M on the complement; the Schur complement's pieces
+    top_perp = _rows_rotated(perp_fs, u[:, :r_y], d)
+    c_perp = t_d.right(top_perp, inverse=True)  # C on the perp coordinates (t_d: only theirs yet)
+    if closed is None:
+        m_par = torch.cat(m_par)
+        top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
+        g_cc = m_par.T @ (block_grams(par_fs, None, x) @ m_par)
+        g_pc = block_grams(perp_fs, par_fs, x) @ m_par
+        g_pp = block_grams(perp_fs, None, x)
+    else:
+        comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
+        top_c = closed.scale(factored.rows_rotated(comp_f, u[:, :r_y]))
+        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x)
+        g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
+        g_cc = closed.gram(g[n_perp:, n_perp:])
+    h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
+    t_d.add_dense(r_c)
+    # C B formed (~50 MB at the reference shape; its pieces are formed anyway): the inverse Gram's
+    # products read it, where the factors' operator re-reads nystrom's corrections Z (~140 MB):
+    # measured 78 -> 36 ms per Lanczos step there, the same for softmax and normalized
+    return _solve_head(head, basis, t_d, h, torch.cat([c_perp, top_c], 1), preconditioned=False)
+
+
+def _solve_head(
+    head: Head,
+    basis: Deflation | MetricDeflation,
+    t: Preconditioner,
+    h: torch.Tensor,
+    coupling: torch.Tensor,
+    preconditioned: bool,
+    null: torch.Tensor | None = None,
+    regulariser: Regulariser | None = None,
+) -> Extremes:
+    """The extremes of a whole head from its value block's Schur complement ``h`` (preconditioned
+    by ``t`` on the coordinates ``basis``), the value part diag(s_Y) (x) I_d and its ``coupling``
+    (C, or C T when ``preconditioned``: ``extremes._Factor.c_preconditioned``); the exact rows through the
+    factors, those of Q_perp and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``,
+    ``regulariser``: null directions left in the coordinates (``extremes.solve``)."""
+    fs, u, r_y = head.fs, head.u, head.r_y
+    d = fs[0].left.shape[-1]
+    rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
+    joint = DeflatedRows(fs, u, d, basis)  # [C B; rows]: u's columns are [Q_Y | Q_perp]
+    s = head.s_y[:r_y].repeat_interleave(d)
+    value = (s, coupling, True) if preconditioned else (s, coupling)
+    # the Schur complement cancels: its rounding is eps ||G'_AA|| (measured 1e-7 of sigma_min at
+    # kappa 7.5e8, under the check's threshold), so sigma_min always comes from the exact J
+    return extremes.solve(
+        rows,
+        t,
+        value,
+        head.verified,
+        head.rtol,
+        head.method,
+        g=h,
+        null=null,
+        refine=True,
+        joint=joint,
+        regulariser=regulariser,
+    )
+
+
+def _schur_whitened(
+    g_pp: torch.Tensor, g_pc: torch.Tensor, g_cc: torch.Tensor, top_p: torch.Tensor, top_c: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The value block's Schur complement G - C^T C of a Gram G = [[G_pp, G_pc], [., G_cc]] and
+    coupling rows C = [C_p | C_c], its complement part whitened by R_c, the (shifted) Cholesky
+    factor of its own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows
+    times R_c^-1. ``g_cc`` is overwritten."""
+    n_p, n_c = g_pp.shape[0], g_cc.shape[0]
+    h_cc = gram(top_c, add_to=g_cc, alpha=-1.0)
+    eye = torch.eye(n_c, dtype=g_cc.dtype, device=g_cc.device)
+    r_c = torch.linalg.cholesky_ex(h_cc + 1e-10 * float(h_cc.diagonal().mean()) * eye, upper=True)[0]
+    h = g_pp.new_empty(n_p + n_c, n_p + n_c)
+    h[:n_p, :n_p] = g_pp
+    gram(top_p, add_to=h[:n_p, :n_p], alpha=-1.0)  # in place: no third such matrix
+    h[:n_p, n_p:] = torch.linalg.solve_triangular(r_c, g_pc - top_p.T @ top_c, upper=True, left=False)
+    h[n_p:, :n_p] = h[:n_p, n_p:].T
+    h[n_p:, n_p:] = torch.linalg.solve_triangular(
+        r_c.T, torch.linalg.solve_triangular(r_c, h_cc, upper=True, left=False), upper=False
+    )
+    return h, r_c
+
+
+def _factored_head_kept(
+    head: Head,
+    gauge_part: GaugePart | None = None,
+) -> Extremes:
+    """``factored_head`` for a null space without a closed form but with few directions (normalized
+    attention's: its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every coordinate keeps its
+    Kronecker preconditioner L_b (x) W and the null directions (all outside V) are regularised as in
+    ``factored_scopes.factored_kept``, a group of the gauge's form (``gauge_part``: its maps and its
+    columns of ``null``) in closed form (``_gauge_regulariser``). The value block's Schur complement T^T
+    G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their rotated rows, where
+    deflating takes a Householder complement and four congruences by it (measured ~1.4 s a head at the
+    reference shape)."""
+    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
+    d = fs[0].left.shape[-1]
+    t, pre, identity = kept_coordinates(fs, d, x)
+    top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
+    h = block_grams(pre, None, x)
+    h = gram(top, add_to=h, alpha=-1.0)  # in place: no second 4160^2 matrix
+    n_v = r_y * d
+    # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
+    null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
+    reg = None  # (None: from an orthonormal basis of all of T^T N, in ``extremes.solve``)
+    if gauge_part is not None and [kind for kind, _, _ in t.parts] == ["kron", "kron"]:
+        reg = _gauge_regulariser(t, null, *gauge_part)
+    return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q, regulariser=reg)
+
+
+def _factored_head_orthogonal(
+    head: Head,
+    gauge_part: GaugePart,
+) -> Extremes | None:
+    """``factored_head`` for a null space holding the orthogonal gauge (normalized attention: 496 of
+    its 578 directions at the reference shape) and the null inputs: both deflated by the
+    complement of ``gauge.OrthogonalGaugeComplement`` (Q whole, K's perp inputs, K's gauge inputs
+    off the gauge: 3600 of 4160 coordinates there), its metric on Q in the preconditioner, and the
+    other null directions (few: the symmetric gauge, the scales) regularised in those coordinates.
+    Every Gram from the blocks' factors, as in ``_factored_head_kept`` on fewer columns (its
+    Cholesky factor ~2/3 of the cost). None when the groups do not have that form."""
+    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
+    (maps, w_q, w_k), columns = gauge_part
+    if len(fs) != 2:
+        return None
+    comp = gauge.orthogonal_complement(maps, w_q, w_k, x)
+    if comp is None:
+        return None
+    d, dim = comp.d, x.shape[1]
+    size = d * dim
+    rest = null[:, ~columns]
+    dq, dk = (rest[i * size : (i + 1) * size].T.reshape(-1, d, dim) for i in range(2))
+    left = orthonormal_columns(comp.coordinates(dq, dk, w_q), norms=rest.norm(dim=0))
+    n_inputs = 2 * d * (dim - comp.inputs.shape[1])
+    if left.shape[1] + n_inputs + maps.shape[0] != null.shape[1]:
+        return None  # other groups, or the null inputs not X's
+    (f_q, f_k), t = fs, Preconditioner()
+    w_in, w_perp = input_whitening(x @ comp.inputs), input_whitening(x @ comp.perp)
+    l_q, l_k = factored.output_side(f_q), factored.output_side(f_k)
+    pieces = [
+        factored.preconditioned(f_q, l_q, comp.inputs @ w_in),
+        factored.preconditioned(f_k, l_k, comp.perp @ w_perp),
+        factored.preconditioned(f_k, comp.u, comp.rows),  # K's gauge inputs, to be reduced by P
+    ]
+    n_o = d * (comp.inputs.shape[1] + comp.perp.shape[1])
+    g = block_grams(pieces, None, x)
+    top = _rows_rotated(pieces, u[:, :r_y], d)
+    top_o, top_s = top[:, :n_o], comp.sym(top[:, n_o:])
+    g_ss = comp.sym(comp.sym(g[n_o:, n_o:]).T)
+    h, r_c = _schur_whitened(g[:n_o, :n_o], comp.sym(g[:n_o, n_o:]), g_ss, top_o, top_s)
+    t.add_kron(l_q, w_in, comp.metric)
+    t.add_kron(l_k, w_perp)
+    t.add_dense(r_c)
+    coupling = torch.cat([top_o, torch.linalg.solve_triangular(r_c, top_s, upper=True, left=False)], 1)
+    base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
+    basis = MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
+    null_q = torch.cat([null.new_zeros(r_y * d, left.shape[1]), left])
+    return _solve_head(head, basis, t, h, coupling, preconditioned=True, null=null_q)
+
+
+def _gauge_regulariser(
+    t: Preconditioner,
+    null: torch.Tensor,
+    maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    columns: torch.Tensor,
+) -> Regulariser | None:
+    """The regulariser of ``null`` ([Q | K] coordinates, T Kronecker on each) whose ``columns`` are
+    a group (M_i W_Q, -M_i^T W_K): that group's projector in closed form, the other columns' by an
+    orthonormal basis of their part orthogonal to it (the two ranges together: T^T span(null)).
+    Measured at the reference shape (normalized attention, 496 of 578 null directions): ~0.13 s a
+    head for both parts and their addition to the Gram, against ~0.23 s for an orthonormal basis of
+    all of them and its rank-578 update. None when the group's projector has no closed form."""
+    (_, _, (l_q, in_q, *_)), (_, _, (l_k, in_k, *_)) = t.parts  # [Q | K], each L_b (x) W
+    closed = gauge.GaugeProjector.of(maps[0], maps[1:], (l_q, in_q, l_k, in_k))
+    if closed is None:
+        return None
+    rest = t.apply_t(null[:, ~columns])
+    for _ in range(2):  # twice is enough: off the group's range to working precision
+        rest = rest - closed.apply(rest)
+    return Regulariser(orthonormal_basis(rest, 1e6), closed, lambda: orthonormal_basis(t.apply_t(null), 1e6))
+
+
+def _closed_grams(
+    fs: list[Factored],
+    closed: gauge.GaugeComplement,
+    w_perps: list[torch.Tensor | None],
+    pieces: list[Factored],
+    x: torch.Tensor,
+) -> torch.Tensor:
+    """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's factor, a
+    piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). For blocks with a low-rank
+    correction (nystrom's), a pair of pieces of one block is a congruence of its Gram alone
+    (``factored_scopes.block_alone``) by the pieces' transforms relative to it, O (x) M with M = W^-1 v^T
+    on the input side and O = L_b^-1 on the output side: ~(d p)^2 p flops where the correction's Grams
+    take m d (d p)^2 again. A pair across the two blocks is Q's side of such a congruence of Q's
+    coordinates alone against K's piece, that product formed once per K piece (K's only piece is its perp
+    one: half of K's coordinates, where the full cross Gram of the two blocks alone costs twice that: 0.27
+    s a head at the reference shape, measured, against 0.52). Every other pair comes from the factors (T
+    d^2 p^2: cheaper than the congruence without a correction)."""
+    d = closed.d
+    alone = {}  # block -> its Gram alone, for the blocks with a correction
+    for b, f in enumerate(fs):
+        if f.low_rank is not None:
+            alone[b] = block_alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
+
+    def relative(b: int, u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
+        """Block b's piece with output side ``u_out`` (None: L_b) and input side ``w_in``, as (O, M)
+        relative to the block's Gram alone (O = L_b^-1 u_out, M = W^-1 v^T w_in); None where it
+        has none (then neither solve is needed)."""
+        if b not in alone:
+            return None
+        v, w = alone[b][:2]
+        o = None if u_out is None else torch.linalg.solve(factored.output_side(fs[b]), u_out)
+        return o, torch.linalg.solve(w, v.T @ w_in)
+
+    owner, transform = [], []  # per piece, in ``pieces`` order: perp ones, then the complement's
+    for b, (perp, w_perp) in enumerate(zip(closed.perp, w_perps)):
+        if w_perp is not None:
+            owner.append(b)
+            transform.append(relative(b, None, perp @ w_perp))
+    owner.append(0)  # the complement's factor: Q's, output side U_K
+    transform.append(relative(0, closed.u[1], closed.rows[0]))
+    offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
+    g = x.new_empty(offsets[-1], offsets[-1])
+    against: dict[int, torch.Tensor] = {}  # piece j of K -> J_Q^T J_j on Q's coordinates alone
+    for i, pi in enumerate(pieces):
+        left: dict[int, torch.Tensor] = {}  # (O (x) M)^T J_b^T J_b of piece i's owner b
+        for j in range(i, len(pieces)):
+            rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
+            if transform[i] is None or transform[j] is None:
+                g[rows, cols] = factored.cross_gram(pi, pieces[j])
+            elif owner[i] == owner[j]:
+                if owner[i] not in left:
+                    left[owner[i]] = kron_left(alone[owner[i]][3], *transform[i], d)
+                g[rows, cols] = kron_right(left[owner[i]], *transform[j], d)
+            else:  # Q's piece q against K's piece k
+                q, k = (i, j) if owner[i] == 0 else (j, i)
+                if k not in against:
+                    against[k] = factored.cross_gram(alone[0][2], pieces[k])
+                block = kron_left(against[k], *transform[q], d)
+                g[rows, cols] = block if q == i else block.T
+            if j != i:
+                g[cols, rows] = g[rows, cols].T
+    return g
+
+
+def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
+    """Whether the closed-form basis is orthogonal to the verified null directions (random
+    combinations of them: a basis built from a wrong structure would not be)."""
+    gen = torch.Generator().manual_seed(0)
+    v = null @ torch.randn(null.shape[1], probes, generator=gen, dtype=null.dtype).to(null.device)
+    return bool(basis.apply_t(v).norm() <= gauge.GAUGE_RTOL * v.norm())
+
+
+def _rows_rotated(fs: list[Factored], u: torch.Tensor, d: int) -> torch.Tensor:
+    """(U^T (x) I_d) [J_1 .. J_n] for factored blocks (possibly none)."""
+    if not fs:
+        return u.new_zeros(u.shape[1] * d, 0)
+    return torch.cat([factored.rows_rotated(f, u) for f in fs], 1)
