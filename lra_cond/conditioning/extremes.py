@@ -366,6 +366,8 @@ def solve(
         factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram, bool(preconditioned))
         smax, smin, vec, top, converged = _factor_extremes(factor)
         if route != "cholesky":
+            if source != "qr":  # its Cholesky failed: say why this scope took ~10x as long
+                notes.append("the Gram is not numerically positive definite: factored by Householder QR")
             break
         checked = _check(factor, smax, smin, vec) if smin > rtol * smax else _Checked(1.0, True, 1.0)
         lost = checked.excess > 0
