@@ -855,7 +855,7 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_householder_qr() -> N
         torch.logspace(0, -4, 40, dtype=torch.float64)
     )
     basis, r, span, sv = _factor(mat)
-    assert sv is None and torch.equal(basis, torch.eye(40, dtype=torch.float64))
+    assert sv is None and basis is None  # its basis is the identity, never formed
     assert span is not None and span.u is None and torch.equal(r, torch.triu(r))
     u = span.project(torch.eye(90, dtype=torch.float64))  # U U^T, through the reflectors
     torch.testing.assert_close(u @ u, u, rtol=0, atol=1e-14)  # an orthogonal projector ...
@@ -867,6 +867,7 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_householder_qr() -> N
         [(torch.arange(90), torch.arange(40), mat, None)],
         torch.eye(1, dtype=torch.float64),
     )
+    assert torch.equal(st.p, torch.eye(40, dtype=torch.float64)) and torch.equal(st.gp, mat)  # G P = G
     t = torch.randn(90, 3, generator=gen, dtype=torch.float64)
     theta = torch.linalg.lstsq(mat, t).solution
     torch.testing.assert_close(st.min_norm(t), theta, rtol=1e-9, atol=1e-9)
@@ -875,6 +876,50 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_householder_qr() -> N
     deficient[:, 7] = deficient[:, 3] - 2 * deficient[:, 5]
     basis, r, span, sv = _factor(deficient)
     assert sv is not None and basis.shape[1] == 39  # the SVD's rank
+
+
+def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe takes its scopes (the whole head, then each block) one after the other: a family's
+    support columns (linear attention's K/V statistics, ~0.5-1 GB a head and scope on the tiny
+    split) are gone before the next scope's spectra run, and kappa is what it was."""
+    import gc
+    import weakref
+
+    from lra_cond.conditioning import jacobian as jacobian_module
+    from lra_cond.models.attention.linear import LinearAttention
+
+    torch.manual_seed(0)
+    layer = build_attention("linear", 8, 2)
+    x = layer_norm(torch.randn(1, 48, 8, dtype=torch.float64))
+    before = jacobian_condition(layer, x)
+    assert before.reason is None
+    made: list[tuple[tuple[str, ...], weakref.ref]] = []  # (the scope's blocks, its support columns)
+    real_support = LinearAttention.jacobian_support
+
+    def support(self: LinearAttention, inp):  # noqa: ANN001, ANN202
+        out = real_support(self, inp)
+        if out is not None:
+            made.append((tuple(inp.blocks), weakref.ref(out.columns)))
+        return out
+
+    seen = []
+    real_spectra = jacobian_module.head_spectra
+
+    def spectra(jac, blocks, d, dim, x_real, nulls, *args):  # noqa: ANN001, ANN202
+        gc.collect()
+        seen.append((set(nulls), {b for b, ref in made if ref() is not None}))
+        return real_spectra(jac, blocks, d, dim, x_real, nulls, *args)
+
+    monkeypatch.setattr(LinearAttention, "jacobian_support", support)
+    monkeypatch.setattr(jacobian_module, "head_spectra", spectra)
+    after = jacobian_condition(layer, x)
+    scope_blocks = {"all": ("q", "k", "v"), "q": ("q",), "k": ("k",), "v": ("v",)}
+    assert {b for b, _ in made} == {("q", "k", "v"), ("k",), ("v",)}  # a support on three scopes
+    assert [s for s, _ in seen] == [{"all"}, {"all"}, {"q"}, {"q"}, {"k"}, {"k"}, {"v"}, {"v"}]
+    for (scope,), alive in seen:
+        assert alive <= {scope_blocks[scope]}, (scope, alive)
+    assert after.kappa == before.kappa
+    assert all(after.per_block[b].kappa == r.kappa for b, r in before.per_block.items())
 
 
 @pytest.mark.parametrize("kappa", [1e1, 1e4, 1e8])
@@ -981,14 +1026,14 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
         return real_solve(rows, t, value, *args, null=null, **kwargs)
 
     monkeypatch.setattr(extremes, "solve", spy)
-    # per head: the whole head (its orthogonal gauge has no closed-form complement: few
-    # directions, regularised), then Q and K; without its scale, K's declared nulls are all
+    # scope by scope, each head: the whole head (its orthogonal gauge has no closed-form complement:
+    # few directions, regularised), then Q and K; without its scale, K's declared nulls are all
     # input-side (the key shift) and are deflated instead
     for layer, k_kept in ((build_attention("normalized", 8, 2), True), (NoKeyScale(8, 2), False)):
         regularised.clear()
         fast = jacobian_condition(layer, x)
         dense = jacobian_condition(layer, x, method="dense")
-        assert regularised == [True, True, k_kept] * 2
+        assert regularised == [True, True] * 2 + [k_kept] * 2
         for b in "qk":
             assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8), b
             assert fast.per_block[b].n_null == dense.per_block[b].n_null, b

@@ -288,6 +288,49 @@ def _combine(heads: list[Extremes], expected: int, n_params: int, rtol: float) -
     return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params)
 
 
+def _scope_nulls(
+    probe: LinearisedLayer,
+    jacs: list[HeadJacobian],
+    sb: tuple[str, ...],
+    w0: torch.Tensor,
+    group_ranks: dict[str, int],
+    count: bool,
+) -> list[ScopeNull]:
+    """Every head's verified null space on the scope over blocks ``sb`` (a group is kept only if it
+    is null in every head), on the family's support where it gives one. ``group_ranks``: {group:
+    directions over all heads}, this scope's counts added when ``count`` (the whole head's scope)."""
+    heads = range(probe.num_heads)
+    size = probe.block_size
+    supports = [probe.layer.jacobian_support(probe.head_inputs(h, sb)) for h in heads]
+    reduced = [_reduce(jacs[h], sb, size, s) for h, s in enumerate(supports)]
+
+    def apply(h: int, v: torch.Tensor) -> torch.Tensor:
+        return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h].apply(v)
+
+    def transform(h: int, v: torch.Tensor) -> torch.Tensor:
+        return v if reduced[h] is None else reduced[h].coordinates(v)
+
+    groups, _ = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
+    nulls = []
+    for h in heads:
+        red = reduced[h]
+        width = len(sb) * size if red is None else red.n_kron + red.dense.shape[1]
+        null, added = _scope_null(groups[h], width, probe.x)
+        if red is not None:
+            if not red.verified():
+                raise RuntimeError(f"{type(probe.layer).__name__}.jacobian_support is not a support of J")
+            null = ScopeNull(
+                red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product, red.gram
+            )
+            group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if count else 0)
+        nulls.append(null)
+        if count:
+            for g, n in zip(groups[h], added):
+                if n:
+                    group_ranks[g.name] = group_ranks.get(g.name, 0) + n
+    return nulls
+
+
 def jacobian_condition(
     layer: Attention,
     x: torch.Tensor,
@@ -348,58 +391,36 @@ def jacobian_condition(
 
     heads = range(probe.num_heads)
     jacs = [probe.head_jacobian_operator(h) for h in heads]
-    size = probe.block_size
     scopes = {"all": probe.blocks, **({b: (b,) for b in probe.blocks} if per_block else {})}
-    nulls: list[dict[str, ScopeNull]] = [{} for _ in heads]
-    group_ranks: dict[str, int] = {}
-    for scope, sb in scopes.items():
-        supports = [probe.layer.jacobian_support(probe.head_inputs(h, sb)) for h in heads]
-        reduced = [_reduce(jacs[h], sb, size, s) for h, s in enumerate(supports)]
-
-        def apply(h: int, v: torch.Tensor, sb: tuple = sb, reduced: list = reduced) -> torch.Tensor:
-            return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h].apply(v)
-
-        def transform(h: int, v: torch.Tensor, reduced: list = reduced) -> torch.Tensor:
-            return v if reduced[h] is None else reduced[h].coordinates(v)
-
-        groups, _ = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
-        for h in heads:
-            red = reduced[h]
-            width = len(sb) * size if red is None else red.n_kron + red.dense.shape[1]
-            null, added = _scope_null(groups[h], width, probe.x)
-            if red is not None:
-                if not red.verified():
-                    raise RuntimeError(f"{type(layer).__name__}.jacobian_support is not a support of J")
-                null = ScopeNull(
-                    red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product, red.gram
-                )
-                group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if scope == "all" else 0)
-            nulls[h][scope] = null
-            if scope == "all":
-                for g, n in zip(groups[h], added):
-                    if n:
-                        group_ranks[g.name] = group_ranks.get(g.name, 0) + n
-
     x_real = probe.x[probe.real]
-    spectra: list[dict[str, Extremes]] = []
-    if method != "dense":
-        for h in heads:
-            spectra.append(
-                head_spectra(
-                    jacs[h],
-                    probe.blocks,
-                    probe.head_dim,
-                    probe.dim,
-                    x_real,
-                    nulls[h],
-                    rtol,
-                    method,
-                    jacs[h].factors,
-                )
-            )
+    group_ranks: dict[str, int] = {}
+    spectra: list[dict[str, Extremes]] = [{} for _ in heads]
+    expected_of: dict[str, int] = {}
+    # One scope at a time, each head's spectrum taken before the next scope's nulls are built: a
+    # family's reduced columns (linear attention's K/V statistics support, ~0.5-1 GB a head and
+    # scope on the tiny split) never outlive their scope
     for scope, sb in scopes.items():
-        expected = sum(nulls[h][scope].basis.shape[1] + nulls[h][scope].reduced for h in heads)
-        n_params = probe.num_heads * len(sb) * size
+        nulls = _scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
+        expected_of[scope] = sum(n.basis.shape[1] + n.reduced for n in nulls)
+        if method != "dense":
+            for h in heads:
+                spectra[h].update(
+                    head_spectra(
+                        jacs[h],
+                        probe.blocks,
+                        probe.head_dim,
+                        probe.dim,
+                        x_real,
+                        {scope: nulls[h]},
+                        rtol,
+                        method,
+                        jacs[h].factors,
+                    )
+                )
+        del nulls
+    for scope, sb in scopes.items():
+        expected = expected_of[scope]
+        n_params = probe.num_heads * len(sb) * probe.block_size
         if method == "dense":
             s = torch.cat([svdvals(j.columns(sb)) for j in jacs])
             smax, smin, n_null = spectrum_cut(s, rtol)

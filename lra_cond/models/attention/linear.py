@@ -121,7 +121,12 @@ class LinearAttention(Attention, name="linear"):
 
     def _statistics_jacobian(self, inp: jac.HeadInputs, blocks: list[str]) -> _Statistics:
         """The per-sequence statistics (S_b, z_b) and their Jacobian G with respect to the K/V blocks
-        in ``blocks``, factored once."""
+        in ``blocks``, factored once. Kept for one set of blocks at a time: only a scope's support
+        and symmetries share it, and the probe takes its scopes one after the other (the tiny
+        split's G, its factor and basis are ~0.8 GB a head)."""
+        cache = self.__dict__.setdefault("_probe_cache", {})
+        for key in [k for k in cache if k[0] == "statistics" and k[2] != tuple(blocks)]:
+            del cache[key]
         return self._cached(
             ("statistics", inp.h, tuple(blocks)),
             lambda: _Statistics(self._statistics_values(inp), *_statistics_blocks(inp, blocks)),
@@ -391,16 +396,25 @@ class _Statistics:
             if id(mat) not in factored:
                 factored[id(mat)] = _factor(mat, parts)
             self._blocks.append((rows, cols, mat, factored[id(mat)]))
-            widths.append(factored[id(mat)][0].shape[1])
+            basis = factored[id(mat)][0]
+            widths.append(mat.shape[1] if basis is None else basis.shape[1])
         p = stats.new_zeros(n_params, sum(widths))
-        self.gp = stats.new_zeros(len(stats), sum(widths))
+        whole = len(blocks) == 1 and tuple(blocks[0][2].shape) == (len(stats), n_params)
+        if whole and self._blocks[0][3][0] is None:  # G alone, of full column rank: G P = G
+            self.gp = blocks[0][2]  # (no copy: the tiny split's is 4224 x 4096, 138 MB a head)
+        else:
+            self.gp = stats.new_zeros(len(stats), sum(widths))
         start = 0
         for (rows, cols, mat, (basis, r, span, sv)), width in zip(self._blocks, widths):
-            p[cols, start : start + width] = basis
+            if basis is None:  # the identity, never formed
+                p[cols, torch.arange(start, start + width, device=p.device)] = 1.0
+            else:
+                p[cols, start : start + width] = basis
             if span is None:  # mat^T = Q R gives mat Q = R^T (Q orthonormal to ~eps): no product
                 self.gp[rows, start : start + width] = r.T
             elif sv is None:  # full column rank: the basis is the identity
-                self.gp[rows, start : start + width] = mat
+                if self.gp is not mat:
+                    self.gp[rows, start : start + width] = mat
             else:
                 self.gp[rows, start : start + width] = mat @ basis
             start += width
@@ -468,13 +482,13 @@ TALL_KAPPA = 1e8
 
 def _factor(
     mat: torch.Tensor, parts: list[SubBlock] | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None, _Range | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None, _Range | None, torch.Tensor | None]:
     """How a statistics block is factored: (row-space basis Q, R with mat^T = Q R, None, None) when
     a wide ``mat`` has full row rank (Cholesky QR twice, ``_cholesky_qr2``: GEMM and triangular
     solves instead of Householder panels, 0.40 -> 0.25 s for linear attention's coupled K/V block
     at the reference shape, 1056 x 4160, and its first pass certifies the rank; ``parts``, the
     block's sub-blocks disjoint in their columns, give that pass, ``_first_pass``: the coupled
-    block's factor 0.355 -> 0.248 s, measured side by side); (identity, R,
+    block's factor 0.355 -> 0.248 s, measured side by side); (None: the identity, R,
     its Householder range, None) when a tall one has full column rank (Householder QR without
     forming Q, which only meets targets: 1.4 s against 5.5 s for Cholesky QR twice on the tiny
     split's 4224 x 4096 block; its rank from R's estimated condition number); else (basis, None,
@@ -487,12 +501,7 @@ def _factor(
         a, tau = torch.geqrf(mat)
         r = a[: mat.shape[1]].triu()
         if triangular_condition(r) <= TALL_KAPPA:
-            return (
-                torch.eye(mat.shape[1], dtype=mat.dtype, device=mat.device),
-                r,
-                _Range(reflectors=(a, tau)),
-                None,
-            )
+            return None, r, _Range(reflectors=(a, tau)), None
     u, sv, vh = torch.linalg.svd(mat, full_matrices=False)
     rank = int((sv > RANK_RTOL * sv[0]).sum())
     return vh[:rank].T, None, _Range(u[:, :rank]), sv[:rank]
