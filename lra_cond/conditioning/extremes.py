@@ -223,6 +223,7 @@ def _triangular(
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky", g
+        del chol  # the failed factor (the Gram's size) is not kept through the QR below
     if pre is None:
         pre = [t.right(materialised(r)) for r in rows]
     if reg is not None:
