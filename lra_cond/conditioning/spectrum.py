@@ -170,7 +170,9 @@ def head_spectra(
     """Extremes of every scope in ``nulls`` ("all", or a single block) of one head: each scope's
     columns are its ``ScopeNull.blocks`` of ``jac`` (blocks laid out in ``blocks`` order), then its
     ``dense`` columns. ``factors``: blocks the family gave in factored form (single-block scopes
-    use them). The value elimination's row rotation is shared by the scopes."""
+    use them). The value elimination's row rotation is shared by the scopes given
+    (``jacobian_condition`` gives one at a time: each scope's reduced columns go before the next
+    scope's are built)."""
     factors = factors or {}
     size = d * dim
     y = jac.value_factor() if "v" in blocks else None
