@@ -922,6 +922,27 @@ def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: p
     assert all(after.per_block[b].kappa == r.kappa for b, r in before.per_block.items())
 
 
+def test_the_value_rotation_is_formed_once_per_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe takes its scopes one after the other; the head's value factor Y and its full SVD
+    (T x T: 1.3 s at 4096 tokens) are formed once per head for all of them."""
+    from lra_cond.conditioning.head_jacobian import HeadJacobian
+
+    torch.manual_seed(0)
+    layer = build_attention("softmax", 8, 2)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    calls: dict[int, int] = {}
+    real = HeadJacobian.value_factor
+
+    def counted(self: HeadJacobian) -> torch.Tensor | None:
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        return real(self)
+
+    monkeypatch.setattr(HeadJacobian, "value_factor", counted)
+    res = jacobian_condition(layer, x)
+    assert set(res.per_block) == {"q", "k", "v"}  # four scopes a head
+    assert sorted(calls.values()) == [1, 1]  # two heads, once each
+
+
 @pytest.mark.parametrize("kappa", [1e1, 1e4, 1e8])
 def test_triangular_condition_estimates_kappa_from_below(kappa: float) -> None:
     """The estimate of kappa(R) is a lower bound within a factor of 10 (against svdvals), for an

@@ -28,6 +28,7 @@ class HeadJacobian:
         self.shape = (t * self.d, len(blocks) * self.size)
         # dense column matrices formed so far, by the blocks they hold
         self._formed: list[tuple[tuple[str, ...], torch.Tensor]] = [] if full is None else [(blocks, full)]
+        self.cache: dict = {}  # what the probe derives from this head once for all its scopes
 
     @classmethod
     def from_dense(cls, jac: torch.Tensor, blocks: tuple[str, ...], d: int, dim: int) -> HeadJacobian:
