@@ -196,7 +196,7 @@ def test_whole_head_from_factors_equals_the_dense_rows(monkeypatch: pytest.Monke
     fast = jacobian_condition(layer, x, mask, per_block=False)
     assert taken == [True, True]
     real_spectra = spectrum.head_spectra
-    monkeypatch.setattr(jacobian_module, "head_spectra", lambda *args: real_spectra(*args[:-1], None))
+    monkeypatch.setattr(jacobian_module, "head_spectra", lambda *a, **k: real_spectra(*a[:-1], None, **k))
     rows = jacobian_condition(layer, x, mask, per_block=False)
     dense = jacobian_condition(layer, x, mask, method="dense", per_block=False)
     assert len(taken) == 2 and fast.n_null == rows.n_null == dense.n_null
@@ -241,7 +241,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
     fast = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     assert taken == [(factored_blocks, family == "linear")] * heads  # linear: Q, next to K/V columns
     real_spectra = spectrum.head_spectra
-    monkeypatch.setattr(jacobian_module, "head_spectra", lambda *args: real_spectra(*args[:-1], None))
+    monkeypatch.setattr(jacobian_module, "head_spectra", lambda *a, **k: real_spectra(*a[:-1], None, **k))
     rows = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     dense = jacobian_condition(layer, x, mask, blocks=blocks, method="dense", per_block=False)
     assert len(taken) == heads and fast.n_null == rows.n_null == dense.n_null
@@ -403,17 +403,23 @@ def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "family,options",
-    [("softmax", {}), ("normalized", {}), ("nystrom", {"num_landmarks": 6})],
-    ids=["softmax", "normalized", "nystrom"],
+    "family,options,per_block",
+    [
+        ("softmax", {}, False),
+        ("normalized", {}, False),
+        ("nystrom", {"num_landmarks": 6}, False),
+        ("nystrom", {"num_landmarks": 6}, True),
+    ],
+    ids=["softmax", "normalized", "nystrom", "nystrom-blocks-alone-shared"],
 )
 def test_a_factored_head_gram_equals_its_formed_rows_gram(
-    family: str, options: dict, monkeypatch: pytest.MonkeyPatch
+    family: str, options: dict, per_block: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole head's Schur-complement Gram, assembled from the blocks' factors (nystrom: its
-    pieces as congruences of the blocks' Grams alone and of their cross Gram), equals the Gram of
-    its exact rows formed and preconditioned, to the cancellation's rounding. Only sigma_min's
-    refinement on the exact J would otherwise notice a wrong piece (a preconditioner's error)."""
+    pieces as congruences of Q's Gram alone, and of K's when K's own scope follows, else from K's
+    perp piece's factors), equals the Gram of its exact rows formed and preconditioned, to the
+    cancellation's rounding. Only sigma_min's refinement on the exact J would otherwise notice a
+    wrong piece (a preconditioner's error)."""
     torch.manual_seed(5)
     layer = build_attention(family, 8, 2, **options)
     x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
@@ -425,7 +431,7 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
         return real(rows, t, *args, **kwargs)
 
     monkeypatch.setattr(extremes, "solve", spy)
-    jacobian_condition(layer, x, per_block=False)
+    jacobian_condition(layer, x, per_block=per_block)
     assert len(given) == 2  # one per head, both from the factors
     for rows, t, g in given:
         # in the head's own coordinates (A^T A = T^-T G T^-1): the preconditioner's whitening of a
@@ -433,6 +439,31 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
         raw = t.right(t.right(g, inverse=True).T, inverse=True)
         formed = sum(linalg.gram(r.dense()) for r in rows)
         torch.testing.assert_close(raw, formed, rtol=0, atol=1e-12 * float(formed.abs().max()))
+
+
+def test_the_whole_head_forms_k_s_gram_alone_only_for_k_s_own_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nystrom's whole head needs K's Gram alone only on K's perp piece: it forms K's whole Gram
+    alone (rank m d x (d D')^2 flops) only when K's own scope follows and shares it; Q's always
+    (the gauge complement's factor is Q's). The same kappa either way, and equal to dense."""
+    torch.manual_seed(5)
+    layer = build_attention("nystrom", 8, 2, num_landmarks=6)
+    x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
+    formed, real = [], whole_head.block_alone
+
+    def spy(f, v, x_):  # noqa: ANN001, ANN202
+        formed.append(f.kind)  # Q's factors are query-local, K's outer products
+        return real(f, v, x_)
+
+    monkeypatch.setattr(whole_head, "block_alone", spy)
+    alone = jacobian_condition(layer, x, per_block=False)
+    assert formed == ["query_local"] * 2  # one a head
+    formed.clear()
+    shared = jacobian_condition(layer, x)
+    assert formed == ["query_local", "outer"] * 2
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    assert alone.n_null == shared.n_null == dense.n_null == alone.n_null_expected
+    assert alone.kappa == pytest.approx(shared.kappa, rel=1e-12)
+    assert alone.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
 def test_a_gauge_regulariser_in_closed_form_is_the_projector_onto_the_null_space(
@@ -905,10 +936,10 @@ def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: p
     seen = []
     real_spectra = jacobian_module.head_spectra
 
-    def spectra(jac, blocks, d, dim, x_real, nulls, *args):  # noqa: ANN001, ANN202
+    def spectra(jac, blocks, d, dim, x_real, nulls, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         gc.collect()
         seen.append((set(nulls), {b for b, ref in made if ref() is not None}))
-        return real_spectra(jac, blocks, d, dim, x_real, nulls, *args)
+        return real_spectra(jac, blocks, d, dim, x_real, nulls, *args, **kwargs)
 
     monkeypatch.setattr(LinearAttention, "jacobian_support", support)
     monkeypatch.setattr(jacobian_module, "head_spectra", spectra)

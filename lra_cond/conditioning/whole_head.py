@@ -26,7 +26,8 @@ GaugePart = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 class Head(NamedTuple):
     """One head's whole-head problem once the value block is eliminated: the blocks' factors (all
     but V's), the token rotation [Q_Y | Q_perp] with Y's rank and singular values, the null
-    directions outside V, the probe input, the verified null count, the cut and the method."""
+    directions outside V, the probe input, the verified null count, the cut and the method, and
+    per block whether its own scope follows (its Gram alone is then shared with it)."""
 
     fs: list[Factored]
     u: torch.Tensor
@@ -37,6 +38,7 @@ class Head(NamedTuple):
     verified: int
     rtol: float
     method: str
+    alone_later: tuple[bool, ...]
 
 
 def factored_head(
@@ -104,7 +106,7 @@ def factored_head(
     else:
         comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
         top_c = closed.scale(factored.rows_rotated(comp_f, u[:, :r_y]))
-        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x)
+        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x, head.alone_later)
         g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
         g_cc = closed.gram(g[n_perp:, n_perp:])
     h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
@@ -280,6 +282,7 @@ def _closed_grams(
     w_perps: list[torch.Tensor | None],
     pieces: list[Factored],
     x: torch.Tensor,
+    alone_later: tuple[bool, ...],
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's factor, a
     piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). For blocks with a low-rank
@@ -290,11 +293,14 @@ def _closed_grams(
     coordinates alone against K's piece, that product formed once per K piece (K's only piece is its perp
     one: half of K's coordinates, where the full cross Gram of the two blocks alone costs twice that: 0.27
     s a head at the reference shape, measured, against 0.52). Every other pair comes from the factors (T
-    d^2 p^2: cheaper than the congruence without a correction)."""
+    d^2 p^2: cheaper than the congruence without a correction). K's Gram alone is formed only when
+    K's own scope follows (``alone_later``) and shares it: the whole head needs only its perp
+    piece's, from the factors at a quarter of the flops (4 against 17 GFLOP a head at the reference
+    shape), and its pairs with Q's pieces cost the same either way."""
     d = closed.d
     alone = {}  # block -> its Gram alone, for the blocks with a correction
     for b, f in enumerate(fs):
-        if f.low_rank is not None:
+        if f.low_rank is not None and (b == 0 or alone_later[b]):  # the complement's factor is Q's
             alone[b] = block_alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
 
     def relative(b: int, u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
