@@ -111,10 +111,14 @@ class LinearAttention(Attention, name="linear"):
                 parts["v"].append(jac.value_block(p @ x, inp.d))
         return {b: jac.stack_sequences(ps) for b, ps in parts.items()}
 
+    def _probe_entries(self) -> dict:
+        """This (probe) copy's per-head quantities by key, created on first use."""
+        return self.__dict__.setdefault("_probe_cache", {})
+
     def _cached(self, key: tuple, compute: Callable[[], T]) -> T:
         """A per-head quantity of the probe, computed once on this (probe) copy: the scopes (the whole
         head, each block alone) and the support and symmetries of a scope ask for the same ones."""
-        cache = self.__dict__.setdefault("_probe_cache", {})
+        cache = self._probe_entries()
         if key not in cache:
             cache[key] = compute()
         return cache[key]
@@ -124,7 +128,7 @@ class LinearAttention(Attention, name="linear"):
         in ``blocks``, factored once. Kept for one set of blocks at a time: only a scope's support
         and symmetries share it, and the probe takes its scopes one after the other (the tiny
         split's G, its factor and basis are ~0.8 GB a head)."""
-        cache = self.__dict__.setdefault("_probe_cache", {})
+        cache = self._probe_entries()
         for key in [k for k in cache if k[0] == "statistics" and k[2] != tuple(blocks)]:
             del cache[key]
         return self._cached(
