@@ -15,18 +15,25 @@ from lra_cond.models.attention.base import Attention, attention_layers
 
 def take_probe_batch(batches: Iterable[dict[str, torch.Tensor]], tokens: int) -> dict[str, torch.Tensor]:
     """The first examples of ``batches`` (in loader order), each cropped to ``tokens`` tokens, until
-    they hold at least ``tokens`` real tokens. A fixed, deterministic probe batch."""
+    they hold at least ``tokens`` real tokens. A fixed, deterministic probe batch.
+
+    The attention layers see every document of an example (a pair task's two, as two sequences),
+    so all of them count and share the crop: each of a pair's documents is cropped to half of
+    ``tokens`` (rounded up). (Counting the first document alone, a Retrieval probe of 256 tokens
+    held 512 at full length and 707 on the tiny split.)"""
     rows: list[dict[str, torch.Tensor]] = []
     total = 0
     for batch in batches:
+        documents = [k for k in batch if is_ids(k)]
+        crop = -(-tokens // len(documents))  # one long example reaches ``tokens``
         for i in range(len(batch[LENGTH])):
             row = {k: v[i : i + 1] for k, v in batch.items()}
-            for key in [k for k in row if is_ids(k)]:
-                length = row[length_key(key)].clamp(max=tokens)
+            for key in documents:
+                length = row[length_key(key)].clamp(max=crop)
                 row[key] = row[key][:, : int(length.max())]
                 row[length_key(key)] = length
+                total += int(length.sum())
             rows.append(row)
-            total += int(row[LENGTH].sum())
             if total >= tokens:
                 return _stack(rows)
     if not rows:

@@ -1,0 +1,49 @@
+"""The probe batch: ``probe_tokens`` counts every token the attention layers see, a pair task's second
+document included (checked on the layers' own inputs, captured by hooks)."""
+
+from __future__ import annotations
+
+import torch
+
+from lra_cond.callbacks.layer_inputs import capture_layer_inputs, take_probe_batch
+from lra_cond.training.module import LraModel
+
+
+def pair_batch(lengths: list[tuple[int, int]], seq: int = 300) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, torch.Tensor] = {"label": torch.zeros(len(lengths), dtype=torch.long)}
+    for doc, suffix in ((0, ""), (1, "2")):
+        length = torch.tensor([pair[doc] for pair in lengths])
+        ids = torch.randint(1, 200, (len(lengths), seq), generator=g)
+        ids[torch.arange(seq)[None, :] >= length[:, None]] = 0
+        out["input_ids" + suffix], out["length" + suffix] = ids, length
+    return out
+
+
+def tokens_seen(model: torch.nn.Module, probe: dict[str, torch.Tensor]) -> list[int]:
+    """Real (unmasked) tokens each attention layer receives on ``probe``."""
+    return [int((~mask).sum()) for _, _, mask in capture_layer_inputs(model, probe)]
+
+
+def test_a_pair_tasks_documents_share_the_probe_tokens() -> None:
+    torch.manual_seed(0)
+    model = LraModel(task="retrieval", dim=16, mlp_dim=32, max_len=300).eval()
+    # long documents: one example, each document cropped to half of the probe
+    probe = take_probe_batch([pair_batch([(300, 280), (290, 250)])], 256)
+    assert probe["length"].tolist() == [128] and probe["length2"].tolist() == [128]
+    assert probe["input_ids"].shape == (1, 128) and probe["input_ids2"].shape == (1, 128)
+    assert tokens_seen(model, probe) == [256, 256]
+    # short ones: whole examples until both documents together reach the probe's size
+    probe = take_probe_batch([pair_batch([(100, 90), (120, 110), (80, 70)])], 256)
+    assert probe["length"].tolist() == [100, 120] and probe["length2"].tolist() == [90, 110]
+    assert tokens_seen(model, probe) == [420, 420]
+
+
+def test_a_single_document_task_crops_each_example_to_the_probe() -> None:
+    torch.manual_seed(0)
+    model = LraModel(task="listops", dim=16, mlp_dim=32, max_len=300).eval()
+    batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([100, 300, 300])}
+    batch["input_ids"][0, 100:] = 0
+    probe = take_probe_batch([batch], 160)  # whole examples, each cropped to 160, until >= 160
+    assert probe["length"].tolist() == [100, 160]
+    assert tokens_seen(model, probe) == [260, 260]
