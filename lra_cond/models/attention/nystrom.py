@@ -200,8 +200,11 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
 # while its Grams cost rank x (d D')^2 where the formed columns' cost ~(rows / 2) x (d D')^2
 # (measured at the reference shape, one sequence of 256 tokens, rank 2048 of 8192 rows: the probe
 # 57 -> 42 s on a 2-core AMD EPYC; the tiny split's four sequences of 40-150 tokens have rank 7680
-# of 8192 rows, where the factors took 101 s against the formed columns' ~20 s).
-FACTORED_RANK_FRACTION = 1 / 3
+# of 9792 rows, where the factors took 49-51 s against the formed columns' 37-43 s). In between,
+# probes of 256-320 tokens, side by side: two sequences of 128 (rank 1/2 of the rows) 20.4-21.5 s
+# from the factors against 24.8-26.6 formed; three of 100 (0.64) 36.3 against 31.7; four of 80
+# (0.8) 49.5 against 32.8. The crossover is near 0.57.
+FACTORED_RANK_FRACTION = 0.57
 
 
 def _factoring_pays(blocks: list[jac.Factored]) -> bool:
