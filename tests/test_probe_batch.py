@@ -6,17 +6,18 @@ from __future__ import annotations
 import torch
 
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, take_probe_batch
+from lra_cond.data.documents import document_keys
 from lra_cond.training.module import LraModel
 
 
 def pair_batch(lengths: list[tuple[int, int]], seq: int = 300) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     out: dict[str, torch.Tensor] = {"label": torch.zeros(len(lengths), dtype=torch.long)}
-    for doc, suffix in ((0, ""), (1, "2")):
+    for doc, (ids_key, length_key) in enumerate(document_keys(pair=True)):
         length = torch.tensor([pair[doc] for pair in lengths])
         ids = torch.randint(1, 200, (len(lengths), seq), generator=g)
         ids[torch.arange(seq)[None, :] >= length[:, None]] = 0
-        out["input_ids" + suffix], out["length" + suffix] = ids, length
+        out[ids_key], out[length_key] = ids, length
     return out
 
 
