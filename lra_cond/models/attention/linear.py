@@ -223,41 +223,47 @@ class LinearAttention(Attention, name="linear"):
             out.append(torch.cat([(phi_k.T @ v).reshape(-1), phi_k.sum(0)]))
         return torch.cat(out)
 
+    def _unseen_statistics(self, inp: jac.HeadInputs) -> torch.Tensor:
+        """``_unseen_directions`` of head h (it depends on the head's weights and the probe only)."""
+        return self._cached(("unseen_statistics", inp.h), lambda: _unseen_directions(inp))
+
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         """Two groups, each kept to the combinations the K/V parameters of the scope can realise
         (``_reachable``; phi = elu + 1 is not homogeneous, so a sequence's own scale, say, may be out
         of reach while a combination is not):
 
-        * ``key_value_scale``: at eps = 0 the output sees each sequence's (S_b, z_b) only up to a
-          scale, so a parameter direction theta with G theta = (S_b, z_b) is null;
-        * ``feature_gauge``: dA_i = 0 whenever dphi_i = (E + c_i I) phi_i and (dS_b, dz_b) =
-          -E^T (S_b, z_b) + mu_b (S_b, z_b) (S^T - A_i z^T kills phi_i, so any c_i is free): the
-          query-side solutions come from ``_feature_directions``; the K/V side from G."""
+        * ``unseen_statistics``: changes of a sequence's (S_b, z_b) that none of its queries sees
+          (``_unseen_directions``): at eps = 0 its scale always, and far more in a sequence with
+          fewer tokens than the head dimension; a parameter direction theta whose G theta is one
+          of them is null;
+        * ``feature_gauge``: dA_i = 0 whenever dphi_i = (E_b + c_i I) phi_i for the tokens i of
+          sequence b and (dS_b, dz_b) = -E_b^T (S_b, z_b) plus an unseen change (S^T - A_i z^T
+          kills phi_i, so any c_i is free): the query-side solutions come from
+          ``_feature_directions``; the K/V side from G."""
         kv = [b for b in ("k", "v") if b in inp.blocks]
         d, dim = inp.d, inp.dim
         per = d * d + d
         st = self._statistics_jacobian(inp, kv) if kv else None
         stats = st.stats if st is not None else self._statistics_values(inp)
-        scales = torch.zeros(len(stats), len(inp.xs), dtype=stats.dtype, device=stats.device)
-        for b in range(len(inp.xs)):
-            scales[b * per : (b + 1) * per, b] = stats[b * per : (b + 1) * per]
+        # at the statistics' size, as the targets _reachable judges against it
+        unseen = self._unseen_statistics(inp) * stats.norm()
         groups: dict[str, dict[str, torch.Tensor]] = {}
         if kv:
-            combos, theta = _reachable(scales, st, float(stats.norm()))
+            combos, theta = _reachable(unseen, st, float(stats.norm()))
             if combos.shape[1]:
                 parts = theta.T.reshape(-1, len(kv), d, dim)
-                groups["key_value_scale"] = {b: parts[:, i] for i, b in enumerate(kv)}
+                groups["unseen_statistics"] = {b: parts[:, i] for i, b in enumerate(kv)}
         if "q" in inp.blocks:
             dq, e = self._query_directions(inp)
-            # (dS_b, dz_b) = -E^T (S_b, z_b) for every sequence, one column per direction
+            # (dS_b, dz_b) = -E_b^T (S_b, z_b) for every sequence, one column per direction
             per_sequence = stats.reshape(len(inp.xs), per)
             s_mats, z_vecs = per_sequence[:, : d * d].reshape(-1, d, d), per_sequence[:, d * d :]
-            ds = -torch.einsum("mbc,sbv->mscv", e, s_mats).reshape(len(e), len(inp.xs), d * d)
-            dz = -torch.einsum("mbc,sb->msc", e, z_vecs)
+            ds = -torch.einsum("msbc,sbv->mscv", e, s_mats).reshape(len(e), len(inp.xs), d * d)
+            dz = -torch.einsum("msbc,sb->msc", e, z_vecs)
             targets = torch.cat([ds, dz], 2).reshape(len(e), -1).T
-            combos, theta = _reachable(torch.cat([targets, scales], 1), st, float(stats.norm()))
+            combos, theta = _reachable(torch.cat([targets, unseen], 1), st, float(stats.norm()))
             if combos.shape[1]:
-                dq = torch.cat([dq, dq.new_zeros(scales.shape[1], d, dim)])
+                dq = torch.cat([dq, dq.new_zeros(unseen.shape[1], d, dim)])
                 group = {"q": torch.einsum("jm,jbc->mbc", combos, dq)}
                 if kv:
                     parts = theta.T.reshape(-1, len(kv), d, dim)
@@ -266,25 +272,80 @@ class LinearAttention(Attention, name="linear"):
         return groups
 
 
+def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
+    """An orthonormal basis of the statistics changes no query sees, (B (d^2 + d), m) in the
+    statistics layout: per sequence the null space of J_psi, {(dS, dz) : Phi dS = diag(Phi dz) A}
+    (Phi: its query features, (L, d); A: its outputs). With Phi = U Sigma V^T of rank r,
+    dS = Phi^+ diag(Phi dz) A + N W for N the d - r features no query holds (V's last columns) and
+    any W, the dz those whose diag(Phi dz) A lies in range(Phi): every dz where r = L (a sequence
+    no longer than d), else generically dz ~ z alone (the scale). So (d - r) d + |dz| directions a
+    sequence: a short one (L < d) leaves most of its d^2 + d statistics unseen."""
+    d, per = inp.d, inp.d * inp.d + inp.d
+    columns = []
+    for s_idx, x in enumerate(inp.xs):
+        q, k, v = inp.projected(x)
+        phi_q, phi_k = feature_map(q), feature_map(k)
+        z, s = phi_k.sum(0), phi_k.T @ v
+        a = (phi_q @ s) / (phi_q @ z)[:, None]
+        u, sv, vh = torch.linalg.svd(phi_q, full_matrices=True)
+        r = int((sv > RANK_RTOL * sv[0]).sum())
+        u_r = u[:, :r]
+        lifted = phi_q.T[:, :, None] * a[None]  # (d, L, d): diag(Phi e_c) A for each dz = e_c
+        off = lifted - u_r @ (u_r.T @ lifted)  # its part out of range(Phi)
+        if r == len(x):
+            dz = torch.eye(d, dtype=x.dtype, device=x.device)
+        else:
+            _, s_off, vh_off = torch.linalg.svd(off.reshape(d, -1).T, full_matrices=False)
+            s_off = torch.cat([s_off, s_off.new_zeros(d - s_off.numel())])
+            scale = float(torch.linalg.matrix_norm(lifted.reshape(d, -1), ord=2))
+            dz = vh_off[s_off <= RANK_RTOL * scale].T  # (d, m_z)
+        pinv = vh[:r].T @ ((u_r.T @ torch.einsum("cla,cm->mla", lifted, dz)) / sv[:r, None])
+        block = x.new_zeros(per, dz.shape[1] + (d - r) * d)
+        block[: d * d, : dz.shape[1]] = pinv.reshape(dz.shape[1], d * d).T
+        block[d * d :, : dz.shape[1]] = dz
+        # dS = n e_a^T for each feature direction n no query holds and each value coordinate a
+        unheld = torch.einsum("bn,ac->banc", vh[r:].T, torch.eye(d, dtype=x.dtype, device=x.device))
+        block[: d * d, dz.shape[1] :] = unheld.reshape(d * d, -1)
+        columns.append((s_idx, torch.linalg.qr(block).Q))  # orthonormal: residuals compare
+    out = inp.xs[0].new_zeros(len(inp.xs) * per, sum(b.shape[1] for _, b in columns))
+    start = 0
+    for s_idx, block in columns:
+        out[s_idx * per : (s_idx + 1) * per, start : start + block.shape[1]] = block
+        start += block.shape[1]
+    return out
+
+
 def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query-side directions (dW_Q, E) with phi'(q_i) * (dW_Q x_i) = (E + c_i I) phi(q_i) at every
-    probe token i for some c_i: ((m, d, D'), (m, d, d)), a basis of the solutions.
+    """Query-side directions (dW_Q, E) with phi'(q_i) * (dW_Q x_i) = (E_s + c_i I) phi(q_i) at every
+    probe token i (of sequence s) for some c_i: ((m, d, D'), (m, B, d, d)), a basis of the
+    solutions. E_s is only seen through the features of sequence s, so it is taken in their span
+    (rows E_s[b] = V_s y, V_s an orthonormal basis of Phi_s's row space): a sequence with fewer
+    tokens than d leaves its tokens' dphi free, one with many pins E_s down.
 
     Row b of that system reads phi'_b * (X u_b) = Phi E_b + c * phi_b (u_b, E_b: rows b of dW_Q, E;
     columns over the probe's tokens), so it splits by row once c is known. With c = 0 the
-    solutions of row b are the null space of A_b = [phi'_b * X, -Phi] (features whose queries
-    keep one sign over the probe give them: phi = q + 1 is affine in x where q > 0, phi' = phi
-    where q <= 0, and a token where a feature leaves its sign costs one condition). A c != 0 is
-    solvable when every c * phi_b lies in range(A_b) (c constant always is: E = I); each such c
-    adds one direction across the rows."""
+    solutions of row b are the null space of A_b = [phi'_b * X, -blockdiag_s(Phi_s V_s)]
+    (features whose queries keep one sign over the probe give them: phi = q + 1 is affine in x
+    where q > 0, phi' = phi where q <= 0, and a token where a feature leaves its sign costs one
+    condition). A c != 0 is solvable when every c * phi_b lies in range(A_b) (c constant always
+    is: E = I); each such c adds one direction across the rows."""
     d, dim = inp.d, inp.dim
     x = torch.cat(inp.xs)
     q = x @ inp.w["q"].T
     phi = feature_map(q)
     dphi = feature_map_derivative(q)
+    # each sequence's features in their row space: Phi_s V_s = U_s Sigma_s (tokens x r_s)
+    spans, in_span, rows = [], [], 0
+    for xs in inp.xs:
+        u_s, s_s, vh_s = torch.linalg.svd(phi[rows : rows + len(xs)], full_matrices=False)
+        r_s = int((s_s > RANK_RTOL * s_s[0]).sum())
+        spans.append(vh_s[:r_s].T)
+        in_span.append(u_s[:, :r_s] * s_s[:r_s])
+        rows += len(xs)
+    features = torch.block_diag(*in_span)  # (T, sum r_s)
     homogeneous, complements, solvers = [], [], []
     for b in range(d):
-        a_b = torch.cat([dphi[:, b, None] * x, -phi], 1)  # (T, D' + d)
+        a_b = torch.cat([dphi[:, b, None] * x, -features], 1)  # (T, D' + sum r_s)
         u_b, s_b, vh_b = torch.linalg.svd(a_b, full_matrices=True)
         rank = int((s_b > RANK_RTOL * s_b[0]).sum())
         for vec in vh_b[rank:]:
@@ -302,13 +363,14 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
     else:
         c_basis = torch.eye(len(x), dtype=x.dtype, device=x.device)
     m = len(homogeneous) + c_basis.shape[1]
-    dq, e = x.new_zeros(m, d, dim), x.new_zeros(m, d, d)
+    dq, y = x.new_zeros(m, d, dim), x.new_zeros(m, d, features.shape[1])
     for j, (b, vec) in enumerate(homogeneous):
-        dq[j, b], e[j, b] = vec[:dim], vec[dim:]
+        dq[j, b], y[j, b] = vec[:dim], vec[dim:]
     for j, c in enumerate(c_basis.T, start=len(homogeneous)):
         for b, (u_b, s_b, vh_b) in enumerate(solvers):  # the minimum-norm solution of row b
             vec = vh_b.T @ ((u_b.T @ (c * phi[:, b])) / s_b)
-            dq[j, b], e[j, b] = vec[:dim], vec[dim:]
+            dq[j, b], y[j, b] = vec[:dim], vec[dim:]
+    e = torch.stack([y_s @ v_s.T for y_s, v_s in zip(y.split([v.shape[1] for v in spans], 2), spans)], 1)
     return dq, e
 
 
