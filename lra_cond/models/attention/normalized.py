@@ -138,19 +138,32 @@ class NormalizedAttention(Attention, name="normalized"):
 
     @staticmethod
     def _symmetric_gauge(inp: jac.HeadInputs) -> dict[str, torch.Tensor] | None:
+        """The symmetric part of the gauge (``symmetries``). The scores change by
+        ds_ij = -s_ij (q^_i^T E q^_i - k^_j^T E k^_j), and softmax ignores a change that is one value
+        per query: in a sequence of three or more tokens that generically takes the one value c_b
+        above; in one of one or two tokens the condition itself is weaker (one key: none; two:
+        s_i1 (a_i - b_1) = s_i2 (a_i - b_2) at each query), one direction more for each."""
         d = inp.d
         rows, cols = torch.triu_indices(d, d)
         weight = torch.where(rows == cols, 1.0, 2.0).to(inp.w["q"].dtype)
-        blocks, owners = [], []
-        for b, x in enumerate(inp.xs):
+        blocks, owners, long = [], [], []
+        for x in inp.xs:
             q, k, _ = inp.projected(x)
-            for u in (q, k):
-                u = u / u.norm(dim=-1, keepdim=True)
-                blocks.append(u[:, rows] * u[:, cols] * weight)  # u^T E u over the upper triangle
-                owners.append(torch.full((len(u),), b))
+            q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+            forms = [u[:, rows] * u[:, cols] * weight for u in (q, k)]  # u^T E u over the upper triangle
+            if len(x) > 2:
+                blocks += forms
+                owners.append(torch.full((2 * len(x),), len(long)))
+                long.append(True)
+            elif len(x) == 2:  # s_i1 (a_i - b_1) - s_i2 (a_i - b_2) = 0, i = 1, 2
+                s = q @ k.T
+                blocks.append(s[:, :1] * (forms[0] - forms[1][:1]) - s[:, 1:] * (forms[0] - forms[1][1:]))
+                owners.append(torch.full((2,), -1))
+        if not blocks:
+            return None
         owner = torch.cat(owners)
-        seq = (owner[:, None] == torch.arange(len(inp.xs))[None, :]).to(weight.dtype)
-        system = torch.cat([torch.cat(blocks), -seq], 1)  # [u^T E u - c_b] = 0
+        seq = (owner[:, None] == torch.arange(len(long))[None, :]).to(weight.dtype)
+        system = torch.cat([torch.cat(blocks), -seq], 1)  # [u^T E u - c_b] = 0 (and the short rows)
         null = null_vectors(system, RANK_RTOL)[: rows.numel()]
         if not null.shape[1]:
             return None
