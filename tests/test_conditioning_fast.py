@@ -678,6 +678,27 @@ def test_normalized_attention_symmetric_gauge() -> None:
     assert res.kappa == pytest.approx(dense.kappa, rel=1e-6)
 
 
+@pytest.mark.parametrize("lengths", [(52, 1), (52, 2), (52, 3), (50, 1, 2)])
+def test_normalized_attention_symmetric_gauge_on_short_sequences(lengths: tuple[int, ...]) -> None:
+    """A sequence of one key puts no condition on E (its softmax is 1 whatever the scores), one of
+    two keys one per query (s_i1 (a_i - b_1) = s_i2 (a_i - b_2)) where the shared c_b asked three:
+    136 unknowns, 2 T - B conditions from the sequences of 3+ tokens, 2 from each of two, minus E = I
+    (the two scales'). Before, each short sequence left one null to svdvals."""
+    torch.manual_seed(7)
+    layer = build_attention("normalized", 16, 1)
+    x = layer_norm(torch.randn(len(lengths), max(lengths), 16, dtype=torch.float64))
+    mask = torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
+    res = jacobian_condition(layer, x, mask)
+    dense = jacobian_condition(layer, x, mask, method="dense")
+    long = [n for n in lengths if n > 2]
+    conditions = 2 * sum(long) - len(long) + 2 * lengths.count(2)
+    assert res.null_groups["symmetric_gauge"] == 16 * 17 // 2 - conditions - 1
+    assert res.n_null == res.n_null_expected == dense.n_null, res.notes
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-7)
+    for b in "qkv":
+        assert res.per_block[b].n_null == res.per_block[b].n_null_expected == dense.per_block[b].n_null, b
+
+
 @pytest.mark.parametrize("family", ["softmax", "normalized", "linear"])
 def test_factored_blocks_give_the_dense_per_block_values(
     family: str, monkeypatch: pytest.MonkeyPatch
@@ -765,6 +786,33 @@ def test_linear_attention_null_space_is_complete(regime: str) -> None:
         s = s / s[0]
         nulls = s[s <= 1e-13]
         assert nulls.numel() and float(s[s > 1e-13].min()) > 1e3 * float(nulls.max()), h
+
+
+@pytest.mark.parametrize(
+    ("lengths", "shift"), [((40, 2), 0.0), ((40, 6), 0.0), ((30, 20, 3), 3.0), ((40, 3), -3.0)]
+)
+def test_linear_attention_short_sequences_leave_statistics_unseen(
+    lengths: tuple[int, ...], shift: float
+) -> None:
+    """A probe sequence with no more tokens than the head dimension (6 here) leaves most of its
+    (S, z) unseen by its own queries (their features do not span R^d, or pin every dz), and its
+    queries' dphi free: every exact null of the dense J is verified, with a long sequence next to
+    it, several, and query features of one sign (feature gauge on top). Before, 5-11 nulls a head
+    were left to svdvals (the monitor's fallback on ListOps probes ending in a short example)."""
+    torch.manual_seed(0)
+    layer = build_attention("linear", 12, 2)
+    with torch.no_grad():
+        layer.q_proj.bias[:3] += shift
+    x = layer_norm(torch.randn(len(lengths), max(lengths), 12, dtype=torch.float64))
+    mask = torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None]
+    res = jacobian_condition(layer, x, mask)
+    dense = jacobian_condition(layer, x, mask, method="dense")
+    assert res.null_groups["unseen_statistics"] > 2 * len(lengths)  # more than each scale
+    assert res.n_null == res.n_null_expected == dense.n_null, res.notes
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-7)
+    for b in "qkv":
+        assert res.per_block[b].n_null == res.per_block[b].n_null_expected == dense.per_block[b].n_null, b
+        assert res.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
 
 
 @pytest.mark.parametrize("iterations", [1, 3, 6, 12])
