@@ -118,11 +118,11 @@ def test_monitor_probe_times_the_default_monitor(monkeypatch):
     monkeypatch.setattr(ConditionNumberMonitor, "measure_layers", spy)
     torch.manual_seed(0)
     model = LraModel(task="listops", dim=16, mlp_dim=32, max_len=300)
-    batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([200, 150, 300])}
+    batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([200, 80, 300])}
     probe_s, every, note = bench.monitor_probe(model, batch)
     fraction = bench.probe_fraction(probe_s, every, 0.01)
     [(monitor, tokens, results, seconds)] = calls
-    assert tokens == 350 and monitor.probe_tokens == 256  # whole examples (each cropped) up to >= 256
+    assert tokens == 280 and monitor.probe_tokens == 256  # the examples (each cropped) closest to 256
     assert len(results) == 2 and all(r.kappa is not None and r.kappa > 1 for r in results)
     assert fraction == pytest.approx(seconds / (monitor.every_n_steps * 0.01), rel=0.05, abs=1e-5)
     assert f"every {monitor.every_n_steps} steps" in note and "gram" in note

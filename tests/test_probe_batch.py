@@ -34,17 +34,31 @@ def test_a_pair_tasks_documents_share_the_probe_tokens() -> None:
     assert probe["length"].tolist() == [128] and probe["length2"].tolist() == [128]
     assert probe["input_ids"].shape == (1, 128) and probe["input_ids2"].shape == (1, 128)
     assert tokens_seen(model, probe) == [256, 256]
-    # short ones: whole examples until both documents together reach the probe's size
-    probe = take_probe_batch([pair_batch([(100, 90), (120, 110), (80, 70)])], 256)
-    assert probe["length"].tolist() == [100, 120] and probe["length2"].tolist() == [90, 110]
-    assert tokens_seen(model, probe) == [420, 420]
+    # short ones: whole examples while both documents together come closer to the probe's size
+    probe = take_probe_batch([pair_batch([(100, 90), (40, 30), (80, 70)])], 256)
+    assert probe["length"].tolist() == [100, 40] and probe["length2"].tolist() == [90, 30]
+    assert tokens_seen(model, probe) == [260, 260]
+    # 6 short of it, the next example (256) would overshoot by 250: left out (tiny Retrieval's case)
+    probe = take_probe_batch([pair_batch([(128, 122), (200, 200)])], 256)
+    assert probe["length"].tolist() == [128] and probe["length2"].tolist() == [122]
+    assert tokens_seen(model, probe) == [250, 250]
 
 
 def test_a_single_document_task_crops_each_example_to_the_probe() -> None:
     torch.manual_seed(0)
     model = LraModel(task="listops", dim=16, mlp_dim=32, max_len=300).eval()
-    batch = {"input_ids": torch.randint(1, 16, (3, 300)), "length": torch.tensor([100, 300, 300])}
-    batch["input_ids"][0, 100:] = 0
-    probe = take_probe_batch([batch], 160)  # whole examples, each cropped to 160, until >= 160
-    assert probe["length"].tolist() == [100, 160]
-    assert tokens_seen(model, probe) == [260, 260]
+
+    def probe_of(lengths: list[int], tokens: int) -> list[int]:
+        batch = {"input_ids": torch.randint(1, 16, (len(lengths), 300)), "length": torch.tensor(lengths)}
+        batch["input_ids"][torch.arange(300)[None, :] >= batch["length"][:, None]] = 0
+        probe = take_probe_batch([batch], tokens)
+        assert tokens_seen(model, probe) == [int(probe["length"].sum())] * 2
+        return probe["length"].tolist()
+
+    assert probe_of([300, 300], 160) == [160]  # one long example, cropped
+    # examples (each cropped to 160) while their tokens come closer to 160: 100 + 70 overshoots
+    # by 10 where 100 falls 60 short; 100 + 160 would overshoot by 100
+    assert probe_of([100, 70, 300], 160) == [100, 70]
+    assert probe_of([100, 300, 300], 160) == [100]
+    assert probe_of([100, 120, 300], 160) == [100, 120]  # a tie (60 either way) takes it
+    assert probe_of([50, 20, 30, 80, 300], 160) == [50, 20, 30, 80]  # 60 short, 20 over: taken

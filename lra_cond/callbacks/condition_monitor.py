@@ -50,7 +50,7 @@ class ConditionNumberMonitor(pl.Callback):
             check fails; exact to ~1e-8), ``qr`` (the same with Householder QR) or ``dense`` (full
             svdvals; the reference, minutes per layer).
         probe_tokens: the probe is the first validation examples, each cropped to this many tokens,
-            until they hold at least this many real tokens (it must reach 3 * (dim + 1) for a
+            as many as bring their real tokens closest to it (it must reach 3 * (dim + 1) for a
             full-rank J); a pair task's two documents count together, each cropped to half.
         per_block: also measure the Q, K and V blocks alone.
         rtol: singular values below rtol * sigma_max count as null.
