@@ -249,6 +249,37 @@ def test_report_states_the_setup_and_plots_target_and_chance(synthetic: Path) ->
     assert "default (n=3)" in lines and "conditioned (n=3)" in lines
 
 
+def test_report_setup_says_how_many_tokens_the_probe_held(tmp_path: Path) -> None:
+    """The setup gives the probe size asked (config) and, where the runs' probes held another
+    (metrics.json's n_tokens: whole short examples), the size they held."""
+    from lra_cond.report.build import setup_of
+    from lra_cond.report.collect import collect_runs
+
+    def probe_line(held: list[int]) -> str:
+        root = tmp_path / f"r{'-'.join(map(str, held))}"
+        for seed, n in enumerate(held):
+            config = base_config("conditioned", seed) | {
+                "cond": {"every_n_steps": 50, "probe_tokens": 256, "method": "gram"}
+            }
+            layer = {"kappa": 10.0, "n_null": 8, "n_tokens": n}
+            history = [
+                {"step": 0, "epoch": 0.0, "kappa_mean": 10.0, "layers": [layer, layer], "seconds": 0.1}
+            ]
+            metrics = {
+                "best_val_acc": 0.5,
+                "val_history": [[100, 0.5]],
+                "total_steps": STEPS,
+                "cond_history": history,
+            }
+            write_metrics(root, "conditioned", seed, metrics, config)
+        return setup_of(collect_runs(root))["κ probe"]
+
+    tail = "at step 0, every 50 steps and at the end"
+    assert probe_line([256, 256]) == f"256 tokens (gram), {tail}"
+    assert probe_line([306]) == f"256 tokens (gram; the probe holds 306), {tail}"
+    assert probe_line([254, 306]) == f"256 tokens (gram; the probe holds 254 or 306), {tail}"
+
+
 def test_summary_json_is_strict_json(tmp_path: Path) -> None:
     """One seed per init: every std is NaN, written as null (JSON has no NaN; JSON.parse failed)."""
     root = tmp_path / "r"

@@ -71,6 +71,19 @@ def _get(config: dict[str, Any], key: str) -> Any:
     return node
 
 
+def probe_sizes(runs: list[Run]) -> list[int]:
+    """The real tokens the runs' probes held (``n_tokens`` in metrics.json's ``cond_history``),
+    sorted: the monitor takes whole examples, so on short ones this differs from probe_tokens."""
+    sizes = {
+        layer["n_tokens"]
+        for run in runs
+        for probe in run.metrics.get("cond_history") or []
+        for layer in probe.get("layers") or []
+        if isinstance(layer.get("n_tokens"), int)
+    }
+    return sorted(sizes)
+
+
 def setup_of(runs: list[Run]) -> dict[str, str]:
     """The run setup a reader needs to tell a smoke test from a study, from the first run's
     config.yaml (the others are checked against it: see the warnings)."""
@@ -104,6 +117,9 @@ def setup_of(runs: list[Run]) -> dict[str, str]:
     every = get("cond.every_n_steps")
     if every is not None:
         tokens, method = get("cond.probe_tokens"), get("cond.method")
+        held = probe_sizes(runs)
+        if held and held != [tokens]:  # the examples closest to the size asked (short ones)
+            method += f"; the probe holds {' or '.join(map(str, held))}"
         probe = f"{tokens} tokens ({method}), at step 0, every {every} steps and at the end"
         out["κ probe"] = "off" if every == 0 else probe
     seeds = {
