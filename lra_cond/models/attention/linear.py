@@ -306,7 +306,10 @@ def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
         # dS = n e_a^T for each feature direction n no query holds and each value coordinate a
         unheld = torch.einsum("bn,ac->banc", vh[r:].T, torch.eye(d, dtype=x.dtype, device=x.device))
         block[: d * d, dz.shape[1] :] = unheld.reshape(d * d, -1)
-        columns.append((s_idx, torch.linalg.qr(block).Q))  # orthonormal: residuals compare
+        # orthonormal, so _reachable judges every column's residual on one scale (dS = Phi^+ ...
+        # grows as 1 / sigma_min(Phi); unscaled, next to a 254-token sequence, a 32-token one lost
+        # one direction of K's scope and an 8-token one's residual SVD did not converge)
+        columns.append((s_idx, torch.linalg.qr(block).Q))
     out = inp.xs[0].new_zeros(len(inp.xs) * per, sum(b.shape[1] for _, b in columns))
     start = 0
     for s_idx, block in columns:
@@ -336,12 +339,12 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
     dphi = feature_map_derivative(q)
     # each sequence's features in their row space: Phi_s V_s = U_s Sigma_s (tokens x r_s)
     spans, in_span, rows = [], [], 0
-    for xs in inp.xs:
-        u_s, s_s, vh_s = torch.linalg.svd(phi[rows : rows + len(xs)], full_matrices=False)
+    for seq in inp.xs:
+        u_s, s_s, vh_s = torch.linalg.svd(phi[rows : rows + len(seq)], full_matrices=False)
         r_s = int((s_s > RANK_RTOL * s_s[0]).sum())
         spans.append(vh_s[:r_s].T)
         in_span.append(u_s[:, :r_s] * s_s[:r_s])
-        rows += len(xs)
+        rows += len(seq)
     features = torch.block_diag(*in_span)  # (T, sum r_s)
     homogeneous, complements, solvers = [], [], []
     for b in range(d):
