@@ -119,7 +119,7 @@ def setup_of(runs: list[Run]) -> dict[str, str]:
         tokens, method = get("cond.probe_tokens"), get("cond.method")
         held = probe_sizes(runs)
         if held and held != [tokens]:  # the examples closest to the size asked (short ones)
-            method += f"; the probe holds {' or '.join(map(str, held))}"
+            method = f"{method}; the probe holds {' or '.join(map(str, held))}"
         probe = f"{tokens} tokens ({method}), at step 0, every {every} steps and at the end"
         out["κ probe"] = "off" if every == 0 else probe
     seeds = {
