@@ -245,8 +245,7 @@ class LinearAttention(Attention, name="linear"):
         per = d * d + d
         st = self._statistics_jacobian(inp, kv) if kv else None
         stats = st.stats if st is not None else self._statistics_values(inp)
-        # at the statistics' size, as the targets _reachable judges against it
-        unseen = self._unseen_statistics(inp) * stats.norm()
+        unseen = self._unseen_statistics(inp)
         groups: dict[str, dict[str, torch.Tensor]] = {}
         if kv:
             combos, theta = _reachable(unseen, st, float(stats.norm()))
@@ -273,15 +272,15 @@ class LinearAttention(Attention, name="linear"):
 
 
 def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
-    """An orthonormal basis of the statistics changes no query sees, (B (d^2 + d), m) in the
-    statistics layout: per sequence the null space of J_psi, {(dS, dz) : Phi dS = diag(Phi dz) A}
+    """A basis of the statistics changes no query sees, (B (d^2 + d), m) in the statistics layout,
+    at the statistics' size: per sequence the null space of J_psi, {(dS, dz) : Phi dS = diag(Phi dz) A}
     (Phi: its query features, (L, d); A: its outputs). With Phi = U Sigma V^T of rank r,
     dS = Phi^+ diag(Phi dz) A + N W for N the d - r features no query holds (V's last columns) and
     any W, the dz those whose diag(Phi dz) A lies in range(Phi): every dz where r = L (a sequence
     no longer than d), else generically dz ~ z alone (the scale). So (d - r) d + |dz| directions a
     sequence: a short one (L < d) leaves most of its d^2 + d statistics unseen."""
     d, per = inp.d, inp.d * inp.d + inp.d
-    columns = []
+    columns, total = [], 0.0
     for s_idx, x in enumerate(inp.xs):
         q, k, v = inp.projected(x)
         phi_q, phi_k = feature_map(q), feature_map(k)
@@ -306,13 +305,21 @@ def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
         # dS = n e_a^T for each feature direction n no query holds and each value coordinate a
         unheld = torch.einsum("bn,ac->banc", vh[r:].T, torch.eye(d, dtype=x.dtype, device=x.device))
         block[: d * d, dz.shape[1] :] = unheld.reshape(d * d, -1)
-        # orthonormal, so _reachable judges every column's residual on one scale (dS = Phi^+ ...
-        # grows as 1 / sigma_min(Phi); unscaled, next to a 254-token sequence, a 32-token one lost
-        # one direction of K's scope and an 8-token one's residual SVD did not converge)
-        columns.append((s_idx, torch.linalg.qr(block).Q))
-    out = inp.xs[0].new_zeros(len(inp.xs) * per, sum(b.shape[1] for _, b in columns))
+        stats = torch.cat([s.reshape(-1), z])
+        total += float(stats.square().sum())
+        if block.shape[1] == 1 and r == d:  # the scale alone (a long sequence): (S, z) itself
+            columns.append((s_idx, stats[:, None], False))
+        else:
+            columns.append((s_idx, torch.linalg.qr(block).Q, True))
+    out = inp.xs[0].new_zeros(len(inp.xs) * per, sum(b.shape[1] for _, b, _ in columns))
     start = 0
-    for s_idx, block in columns:
+    for s_idx, block, orthonormal in columns:
+        # orthonormal columns at the statistics' size, as _reachable judges every residual against
+        # it (dS = Phi^+ ... grows as 1 / sigma_min(Phi); unscaled, next to a 254-token sequence, a
+        # 32-token one lost one direction of K's scope and an 8-token one's residual SVD did not
+        # converge); a long sequence's scale is (S, z) as before (an orthonormal column there let
+        # two near-null directions of a trained layer through verification, measured)
+        block = block * total**0.5 if orthonormal else block
         out[s_idx * per : (s_idx + 1) * per, start : start + block.shape[1]] = block
         start += block.shape[1]
     return out
@@ -321,60 +328,78 @@ def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
 def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Query-side directions (dW_Q, E) with phi'(q_i) * (dW_Q x_i) = (E_s + c_i I) phi(q_i) at every
     probe token i (of sequence s) for some c_i: ((m, d, D'), (m, B, d, d)), a basis of the
-    solutions. E_s is only seen through the features of sequence s, so it is taken in their span
-    (rows E_s[b] = V_s y, V_s an orthonormal basis of Phi_s's row space): a sequence with fewer
-    tokens than d leaves its tokens' dphi free, one with many pins E_s down.
+    solutions.
+
+    A sequence whose query features are independent (no more tokens than d, ``_is_short``) can give
+    its tokens any dphi through its own E_s (E_s Phi_s^T = dPhi_s^T is solvable), so only the other
+    sequences' tokens constrain (dW_Q, E, c); E_s follows from dW_Q (the minimum-norm solution: the
+    rest, E_s Phi_s^T = 0, changes the statistics only where its queries do not look, which
+    ``_unseen_directions`` covers). The others share one E, as for one sequence: an E per long
+    sequence is exact too, but at the rank cut the system then admitted near-solutions (measured:
+    two directions of a trained layer with singular values ~1e-9 sigma_max deflated as null).
 
     Row b of that system reads phi'_b * (X u_b) = Phi E_b + c * phi_b (u_b, E_b: rows b of dW_Q, E;
-    columns over the probe's tokens), so it splits by row once c is known. With c = 0 the
-    solutions of row b are the null space of A_b = [phi'_b * X, -blockdiag_s(Phi_s V_s)]
-    (features whose queries keep one sign over the probe give them: phi = q + 1 is affine in x
-    where q > 0, phi' = phi where q <= 0, and a token where a feature leaves its sign costs one
-    condition). A c != 0 is solvable when every c * phi_b lies in range(A_b) (c constant always
-    is: E = I); each such c adds one direction across the rows."""
+    columns over the long sequences' tokens), so it splits by row once c is known. With c = 0 the
+    solutions of row b are the null space of A_b = [phi'_b * X, -Phi] (features whose queries
+    keep one sign over the probe give them: phi = q + 1 is affine in x where q > 0, phi' = phi
+    where q <= 0, and a token where a feature leaves its sign costs one condition). A c != 0 is
+    solvable when every c * phi_b lies in range(A_b) (c constant always is: E = I); each such c
+    adds one direction across the rows."""
     d, dim = inp.d, inp.dim
-    x = torch.cat(inp.xs)
+    q_all = [seq @ inp.w["q"].T for seq in inp.xs]
+    short = [_is_short(feature_map(q)) for q in q_all]
+    x = torch.cat([seq for seq, s in zip(inp.xs, short) if not s] or [inp.xs[0][:0]])
     q = x @ inp.w["q"].T
     phi = feature_map(q)
     dphi = feature_map_derivative(q)
-    # each sequence's features in their row space: Phi_s V_s = U_s Sigma_s (tokens x r_s)
-    spans, in_span, rows = [], [], 0
-    for seq in inp.xs:
-        u_s, s_s, vh_s = torch.linalg.svd(phi[rows : rows + len(seq)], full_matrices=False)
-        r_s = int((s_s > RANK_RTOL * s_s[0]).sum())
-        spans.append(vh_s[:r_s].T)
-        in_span.append(u_s[:, :r_s] * s_s[:r_s])
-        rows += len(seq)
-    features = torch.block_diag(*in_span)  # (T, sum r_s)
     homogeneous, complements, solvers = [], [], []
-    for b in range(d):
-        a_b = torch.cat([dphi[:, b, None] * x, -features], 1)  # (T, D' + sum r_s)
+    for b in range(d if len(x) else 0):
+        a_b = torch.cat([dphi[:, b, None] * x, -phi], 1)  # (T, D' + d)
         u_b, s_b, vh_b = torch.linalg.svd(a_b, full_matrices=True)
         rank = int((s_b > RANK_RTOL * s_b[0]).sum())
         for vec in vh_b[rank:]:
             homogeneous.append((b, vec))
         complements.append(u_b[:, rank:].T * phi[:, b])  # rows: conditions on c
         solvers.append((u_b[:, :rank], s_b[:rank], vh_b[:rank]))
-    conditions = torch.cat(complements)
-    if conditions.shape[0]:
-        # tall, so vh_c is complete; from its triangular factor (same s and Vh): the SVD of the
-        # tall matrix forms its left vectors too (measured 76 against 36 ms at 5000 x 256)
-        r_c = torch.linalg.qr(conditions, mode="r").R
-        _, s_c, vh_c = torch.linalg.svd(r_c, full_matrices=False)
-        s_c = torch.cat([s_c, s_c.new_zeros(len(x) - s_c.numel())])
-        c_basis = vh_c[s_c <= RANK_RTOL * float(s_c[0])].T
+    if not len(x):  # every sequence short: any dW_Q
+        eye = torch.eye(d * dim, dtype=inp.xs[0].dtype, device=inp.xs[0].device)
+        dq, e_long = eye.reshape(-1, d, dim), eye.new_zeros(d * dim, d, d)
     else:
-        c_basis = torch.eye(len(x), dtype=x.dtype, device=x.device)
-    m = len(homogeneous) + c_basis.shape[1]
-    dq, y = x.new_zeros(m, d, dim), x.new_zeros(m, d, features.shape[1])
-    for j, (b, vec) in enumerate(homogeneous):
-        dq[j, b], y[j, b] = vec[:dim], vec[dim:]
-    for j, c in enumerate(c_basis.T, start=len(homogeneous)):
-        for b, (u_b, s_b, vh_b) in enumerate(solvers):  # the minimum-norm solution of row b
-            vec = vh_b.T @ ((u_b.T @ (c * phi[:, b])) / s_b)
-            dq[j, b], y[j, b] = vec[:dim], vec[dim:]
-    e = torch.stack([y_s @ v_s.T for y_s, v_s in zip(y.split([v.shape[1] for v in spans], 2), spans)], 1)
-    return dq, e
+        conditions = torch.cat(complements)
+        if conditions.shape[0]:
+            # tall, so vh_c is complete; from its triangular factor (same s and Vh): the SVD of the
+            # tall matrix forms its left vectors too (measured 76 against 36 ms at 5000 x 256)
+            r_c = torch.linalg.qr(conditions, mode="r").R
+            _, s_c, vh_c = torch.linalg.svd(r_c, full_matrices=False)
+            s_c = torch.cat([s_c, s_c.new_zeros(len(x) - s_c.numel())])
+            c_basis = vh_c[s_c <= RANK_RTOL * float(s_c[0])].T
+        else:
+            c_basis = torch.eye(len(x), dtype=x.dtype, device=x.device)
+        m = len(homogeneous) + c_basis.shape[1]
+        dq, e_long = x.new_zeros(m, d, dim), x.new_zeros(m, d, d)
+        for j, (b, vec) in enumerate(homogeneous):
+            dq[j, b], e_long[j, b] = vec[:dim], vec[dim:]
+        for j, c in enumerate(c_basis.T, start=len(homogeneous)):
+            for b, (u_b, s_b, vh_b) in enumerate(solvers):  # the minimum-norm solution of row b
+                vec = vh_b.T @ ((u_b.T @ (c * phi[:, b])) / s_b)
+                dq[j, b], e_long[j, b] = vec[:dim], vec[dim:]
+    per_sequence = []
+    for seq, q_s, is_short in zip(inp.xs, q_all, short):
+        if not is_short:
+            per_sequence.append(e_long)
+            continue
+        # E_s = (Phi_s^+ dPhi_s)^T, dPhi_s = phi'(q_s) * (X_s dW_Q^T), per direction
+        d_phi = feature_map_derivative(q_s) * torch.einsum("lc,mbc->mlb", seq, dq)
+        per_sequence.append((torch.linalg.pinv(feature_map(q_s)) @ d_phi).transpose(1, 2))
+    return dq, torch.stack(per_sequence, 1)
+
+
+def _is_short(phi: torch.Tensor) -> bool:
+    """Whether a sequence's query features (L, d) are independent (full row rank: L <= d)."""
+    if len(phi) > phi.shape[1]:
+        return False
+    s = torch.linalg.svdvals(phi)
+    return bool(s[-1] > RANK_RTOL * s[0])
 
 
 # Relative residual below which a statistics target counts as reached by the K/V parameters: reached
