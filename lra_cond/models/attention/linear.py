@@ -335,8 +335,9 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
     sequences' tokens constrain (dW_Q, E, c); E_s follows from dW_Q (the minimum-norm solution: the
     rest, E_s Phi_s^T = 0, changes the statistics only where its queries do not look, which
     ``_unseen_directions`` covers). The others share one E, as for one sequence: an E per long
-    sequence is exact too, but at the rank cut the system then admitted near-solutions (measured:
-    two directions of a trained layer with singular values ~1e-9 sigma_max deflated as null).
+    sequence is valid too, but no measured probe needed it, and keeping the shared E keeps every
+    probe without a short sequence on the construction its kappa was checked on (a trained layer's
+    verification is that sensitive: see ``_unseen_directions``).
 
     Row b of that system reads phi'_b * (X u_b) = Phi E_b + c * phi_b (u_b, E_b: rows b of dW_Q, E;
     columns over the long sequences' tokens), so it splits by row once c is known. With c = 0 the
