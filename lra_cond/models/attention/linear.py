@@ -223,9 +223,11 @@ class LinearAttention(Attention, name="linear"):
             out.append(torch.cat([(phi_k.T @ v).reshape(-1), phi_k.sum(0)]))
         return torch.cat(out)
 
-    def _unseen_statistics(self, inp: jac.HeadInputs) -> torch.Tensor:
-        """``_unseen_directions`` of head h (it depends on the head's weights and the probe only)."""
-        return self._cached(("unseen_statistics", inp.h), lambda: _unseen_directions(inp))
+    def _unseen_statistics(self, inp: jac.HeadInputs, stats: torch.Tensor) -> torch.Tensor:
+        """``_unseen_directions`` of head h (it depends on the head's weights and the probe only),
+        from the statistics and outputs the head already formed."""
+        outputs = [a for _, a in self._output_weights(inp)]
+        return self._cached(("unseen_statistics", inp.h), lambda: _unseen_directions(inp, stats, outputs))
 
     def symmetries(self, inp: jac.HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
         """Two groups, each kept to the combinations the K/V parameters of the scope can realise
@@ -245,7 +247,7 @@ class LinearAttention(Attention, name="linear"):
         per = d * d + d
         st = self._statistics_jacobian(inp, kv) if kv else None
         stats = st.stats if st is not None else self._statistics_values(inp)
-        unseen = self._unseen_statistics(inp)
+        unseen = self._unseen_statistics(inp, stats)
         groups: dict[str, dict[str, torch.Tensor]] = {}
         if kv:
             combos, theta = _reachable(unseen, st, float(stats.norm()))
@@ -271,44 +273,40 @@ class LinearAttention(Attention, name="linear"):
         return groups
 
 
-def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
+def _unseen_directions(inp: jac.HeadInputs, stats: torch.Tensor, outputs: list[torch.Tensor]) -> torch.Tensor:
     """A basis of the statistics changes no query sees, (B (d^2 + d), m) in the statistics layout,
     at the statistics' size: per sequence the null space of J_psi, {(dS, dz) : Phi dS = diag(Phi dz) A}
     (Phi: its query features, (L, d); A: its outputs). With Phi = U Sigma V^T of rank r,
     dS = Phi^+ diag(Phi dz) A + N W for N the d - r features no query holds (V's last columns) and
     any W, the dz those whose diag(Phi dz) A lies in range(Phi): every dz where r = L (a sequence
     no longer than d), else generically dz ~ z alone (the scale). So (d - r) d + |dz| directions a
-    sequence: a short one (L < d) leaves most of its d^2 + d statistics unseen."""
+    sequence: a short one (L < d) leaves most of its d^2 + d statistics unseen. ``stats``: every
+    sequence's (S, z) (``_statistics_values``); ``outputs``: each sequence's A."""
     d, per = inp.d, inp.d * inp.d + inp.d
-    columns, total = [], 0.0
-    for s_idx, x in enumerate(inp.xs):
-        q, k, v = inp.projected(x)
-        phi_q, phi_k = feature_map(q), feature_map(k)
-        z, s = phi_k.sum(0), phi_k.T @ v
-        a = (phi_q @ s) / (phi_q @ z)[:, None]
+    columns = []
+    for s_idx, (x, a) in enumerate(zip(inp.xs, outputs)):
+        phi_q = feature_map(x @ inp.w["q"].T)
         u, sv, vh = torch.linalg.svd(phi_q, full_matrices=True)
         r = int((sv > RANK_RTOL * sv[0]).sum())
         u_r = u[:, :r]
         lifted = phi_q.T[:, :, None] * a[None]  # (d, L, d): diag(Phi e_c) A for each dz = e_c
-        off = lifted - u_r @ (u_r.T @ lifted)  # its part out of range(Phi)
         if r == len(x):
             dz = torch.eye(d, dtype=x.dtype, device=x.device)
         else:
+            off = lifted - u_r @ (u_r.T @ lifted)  # its part out of range(Phi)
             _, s_off, vh_off = torch.linalg.svd(off.reshape(d, -1).T, full_matrices=False)
             s_off = torch.cat([s_off, s_off.new_zeros(d - s_off.numel())])
             scale = float(torch.linalg.matrix_norm(lifted.reshape(d, -1), ord=2))
             dz = vh_off[s_off <= RANK_RTOL * scale].T  # (d, m_z)
-        pinv = vh[:r].T @ ((u_r.T @ torch.einsum("cla,cm->mla", lifted, dz)) / sv[:r, None])
+        ds = vh[:r].T @ ((u_r.T @ torch.einsum("cla,cm->mla", lifted, dz)) / sv[:r, None])  # Phi^+ R
         block = x.new_zeros(per, dz.shape[1] + (d - r) * d)
-        block[: d * d, : dz.shape[1]] = pinv.reshape(dz.shape[1], d * d).T
+        block[: d * d, : dz.shape[1]] = ds.reshape(dz.shape[1], d * d).T
         block[d * d :, : dz.shape[1]] = dz
         # dS = n e_a^T for each feature direction n no query holds and each value coordinate a
         unheld = torch.einsum("bn,ac->banc", vh[r:].T, torch.eye(d, dtype=x.dtype, device=x.device))
         block[: d * d, dz.shape[1] :] = unheld.reshape(d * d, -1)
-        stats = torch.cat([s.reshape(-1), z])
-        total += float(stats.square().sum())
         if block.shape[1] == 1 and r == d:  # the scale alone (a long sequence): (S, z) itself
-            columns.append((s_idx, stats[:, None], False))
+            columns.append((s_idx, stats[s_idx * per : (s_idx + 1) * per, None], False))
         else:
             columns.append((s_idx, torch.linalg.qr(block).Q, True))
     out = inp.xs[0].new_zeros(len(inp.xs) * per, sum(b.shape[1] for _, b, _ in columns))
@@ -319,7 +317,7 @@ def _unseen_directions(inp: jac.HeadInputs) -> torch.Tensor:
         # 32-token one lost one direction of K's scope and an 8-token one's residual SVD did not
         # converge); a long sequence's scale is (S, z) as before (an orthonormal column there let
         # two near-null directions of a trained layer through verification, measured)
-        block = block * total**0.5 if orthonormal else block
+        block = block * stats.norm() if orthonormal else block
         out[s_idx * per : (s_idx + 1) * per, start : start + block.shape[1]] = block
         start += block.shape[1]
     return out
