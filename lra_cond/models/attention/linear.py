@@ -305,22 +305,17 @@ def _unseen_directions(inp: jac.HeadInputs, stats: torch.Tensor, outputs: list[t
         # dS = n e_a^T for each feature direction n no query holds and each value coordinate a
         unheld = torch.einsum("bn,ac->banc", vh[r:].T, torch.eye(d, dtype=x.dtype, device=x.device))
         block[: d * d, dz.shape[1] :] = unheld.reshape(d * d, -1)
-        if block.shape[1] == 1 and r == d:  # the scale alone (a long sequence): (S, z) itself
-            columns.append((s_idx, stats[s_idx * per : (s_idx + 1) * per, None], False))
+        if block.shape[1] == 1 and r == d:
+            # the scale alone (a long sequence): (S, z) itself, as before (an orthonormal column
+            # there let two near-null directions of a trained layer through verification, measured)
+            columns.append(stats[s_idx * per : (s_idx + 1) * per, None])
         else:
-            columns.append((s_idx, torch.linalg.qr(block).Q, True))
-    out = inp.xs[0].new_zeros(len(inp.xs) * per, sum(b.shape[1] for _, b, _ in columns))
-    start = 0
-    for s_idx, block, orthonormal in columns:
-        # orthonormal columns at the statistics' size, as _reachable judges every residual against
-        # it (dS = Phi^+ ... grows as 1 / sigma_min(Phi); unscaled, next to a 254-token sequence, a
-        # 32-token one lost one direction of K's scope and an 8-token one's residual SVD did not
-        # converge); a long sequence's scale is (S, z) as before (an orthonormal column there let
-        # two near-null directions of a trained layer through verification, measured)
-        block = block * stats.norm() if orthonormal else block
-        out[s_idx * per : (s_idx + 1) * per, start : start + block.shape[1]] = block
-        start += block.shape[1]
-    return out
+            # orthonormal columns at the statistics' size, as _reachable judges every residual
+            # against it (dS = Phi^+ ... grows as 1 / sigma_min(Phi); unscaled, next to a 254-token
+            # sequence, a 32-token one lost one direction of K's scope and an 8-token one's
+            # residual SVD did not converge)
+            columns.append(torch.linalg.qr(block).Q * stats.norm())
+    return torch.block_diag(*columns)  # sequence s's rows, its own columns
 
 
 def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor]:
