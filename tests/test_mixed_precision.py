@@ -1,5 +1,6 @@
 """bf16 autocast (what ``--trainer.precision bf16-mixed`` runs; on CPU here, CUDA untested in CI):
-every family trains through it, its matmuls really run in bf16, and it stays close to float32."""
+every family trains through it, with and without dropout, its matmuls really run in bf16, and it
+stays close to float32."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from lra_cond.models.attention import ATTENTIONS
 from lra_cond.training.module import LraModel
 
 
+@pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("family", ATTENTIONS.names())
-def test_bf16_autocast_step_is_close_to_float32(family: str) -> None:
+def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str) -> None:
     torch.manual_seed(0)
     options = {"num_landmarks": 8} if family == "nystrom" else {}
     model = LraModel(task="listops", attention=family, attention_args=options, dim=32, mlp_dim=64, max_len=96)
-    model.eval()  # no dropout: both precisions see the same function
+    # Train mode draws dropout (the blockwise CPU kernel included) from the same seed in both passes.
+    model.train(mode == "train")
     gen = torch.Generator().manual_seed(0)
     batch = {
         "input_ids": torch.randint(1, 16, (4, 96), generator=gen),
@@ -29,6 +32,7 @@ def test_bf16_autocast_step_is_close_to_float32(family: str) -> None:
 
     def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
+        torch.manual_seed(1)
         loss = F.cross_entropy(model(batch), batch["label"])
         loss.backward()
         return loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]

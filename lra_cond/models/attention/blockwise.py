@@ -157,7 +157,14 @@ def blockwise_attention(
         seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
     rows = rows or block_rows(q.shape[1], n_keys)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale)
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        # As autocast does for SDPA: one low-precision dtype for q, k, v (a family may hand over
+        # float32 q, k next to bf16 v), then forward and backward both compute in that dtype.
+        dtype = torch.get_autocast_dtype(device)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    with torch.autocast(device, enabled=False):
+        return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale)
 
 
 def prefix_lengths(key_padding_mask: torch.Tensor) -> list[int] | None:
