@@ -84,6 +84,11 @@ CATALOGUE = [
         "model.warmup_steps=8 must be less than the 8 training steps (trainer.max_steps); lower",
     ),
     entry(
+        "a one-step onecycle warm-up",
+        [*FIT, "--model.warmup_steps", "1"],
+        "model.warmup_steps=1 leaves the onecycle schedule no rise",
+    ),
+    entry(
         "no step or epoch limit",
         [*FIT, "--trainer.max_steps", "-1", "--trainer.max_epochs", "-1"],
         "the lr schedule needs a finite number of training steps",

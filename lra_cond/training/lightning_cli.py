@@ -220,10 +220,11 @@ class LraCLI(LightningCLI):
             # The schedule's length is known here unless max_epochs sets it (then configure_optimizers
             # checks); refusing now leaves an earlier run's folder untouched.
             steps, epochs = cfg.trainer.max_steps, cfg.trainer.max_epochs
+            warmup, schedule = cfg.model.warmup_steps, cfg.model.schedule
             if steps != -1:
-                check_schedule(cfg.model.warmup_steps, steps, "trainer.max_steps")
+                check_schedule(warmup, steps, "trainer.max_steps", schedule)
             elif epochs == -1:
-                check_schedule(cfg.model.warmup_steps, float("inf"), "")
+                check_schedule(warmup, float("inf"), "", schedule)
             if cfg.checkpoint_every <= 0:
                 raise UserError(
                     "checkpoint_every must be positive (steps between checkpoints), "

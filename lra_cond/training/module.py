@@ -28,12 +28,18 @@ def warmup_linear(step: int, warmup: int, total: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup))
 
 
-def check_schedule(warmup_steps: int, total: float, source: str) -> int:
+def check_schedule(warmup_steps: int, total: float, source: str, schedule: str = "onecycle") -> int:
     """The schedule's length in optimizer steps, or a ``UserError`` if no schedule fits it.
 
     ``total`` is the number of steps training will run (``inf`` without a step or epoch limit);
     ``source`` says where it came from, for the message.
     """
+    if schedule == "onecycle" and warmup_steps == 1:
+        # OneCycleLR's rise spans steps 0 .. warmup_steps - 1: one step long, it divides by zero.
+        raise UserError(
+            "model.warmup_steps=1 leaves the onecycle schedule no rise (it goes from lr / 25 at step 0 "
+            "to lr at step warmup_steps - 1); use --model.warmup_steps 0 or 2 or more"
+        )
     if total == float("inf"):
         raise UserError(
             "the lr schedule needs a finite number of training steps, but neither trainer.max_steps "
@@ -167,7 +173,7 @@ class LraModel(pl.LightningModule):
         # The steps this fit will run: max_steps, or max_epochs x batches per epoch if that is fewer.
         steps = self.trainer.estimated_stepping_batches
         source = "trainer.max_steps" if steps == self.trainer.max_steps else "max_epochs x batches per epoch"
-        total = check_schedule(hp.warmup_steps, steps, source)
+        total = check_schedule(hp.warmup_steps, steps, source, hp.schedule)
         if hp.schedule == "onecycle":
             sched = torch.optim.lr_scheduler.OneCycleLR(
                 opt,
