@@ -9,8 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Tests that take a device run on CPU everywhere and on CUDA where torch sees a GPU (CI has none:
+# on a GPU machine, ``pytest -k cuda`` runs just those).
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 
 
 def sigint_default() -> None:

@@ -14,6 +14,7 @@ from lra_cond.models.attention import ATTENTIONS, build_attention, explicit_math
 from lra_cond.models.attention.nystrom import iterative_pinv, sequence_conv
 from lra_cond.models.attention.sdpa import attend
 from lra_cond.models.encoder import padding_mask
+from tests.conftest import DEVICES
 
 FAMILIES = ATTENTIONS.names()
 DIM, HEADS = 16, 2
@@ -184,11 +185,12 @@ def test_normalized_default_temperature_is_sqrt_head_dim_and_reset_restores_it()
 # --- Every family --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", FAMILIES)
-def test_fast_path_equals_explicit_path(name):
-    layer = make(name)
-    x = inputs(3, 11)
-    mask = padding_mask(torch.tensor([11, 8, 5]), 11)
+def test_fast_path_equals_explicit_path(name, device):
+    layer = make(name).to(device)
+    x = inputs(3, 11).to(device)
+    mask = padding_mask(torch.tensor([11, 8, 5]), 11).to(device)
     fast = layer(x, key_padding_mask=mask)
     with explicit_math(layer):
         explicit = layer(x, key_padding_mask=mask)

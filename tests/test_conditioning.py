@@ -14,6 +14,7 @@ from lra_cond.conditioning import jacobian_condition, matrix_condition
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
 from lra_cond.models.attention.softmax import SoftmaxAttention
+from tests.conftest import DEVICES
 
 CUT = 1e-9  # the reference's null cut (float64 null values sit near 1e-15 * sigma_max)
 # Family options for tiny probes (Nystrom's default 64 landmarks exceed these sequence lengths).
@@ -88,8 +89,9 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "D{}H{}d{}".format(*s[:3]))
 @pytest.mark.parametrize("inputs", ["raw", "layernorm", "layernorm-bias"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_every_method_matches_the_independent_jacobian(
-    family: str, shape: tuple, inputs: str, bias: bool
+    family: str, shape: tuple, inputs: str, bias: bool, device: str
 ) -> None:
     dim, heads, head_dim, batch, seq = shape
     torch.manual_seed(1)
@@ -99,6 +101,8 @@ def test_every_method_matches_the_independent_jacobian(
     if inputs != "raw":
         x = layer_norm(x, beta=0.3 if inputs == "layernorm-bias" else 0.0)
     ref_kappa, ref_null = kappa_and_null(reference_spectrum(layer, x, mask))
+    layer, x = layer.to(device), x.to(device)  # the probe computes where the layer lives
+    mask = None if mask is None else mask.to(device)
     for method in ("gram", "qr", "dense"):
         res = jacobian_condition(layer, x, mask, method=method, rtol=CUT, per_block=False)
         assert res.reason is None

@@ -1,4 +1,4 @@
-"""bf16 autocast (what ``--trainer.precision bf16-mixed`` runs; on CPU here, CUDA untested in CI):
+"""bf16 autocast (what ``--trainer.precision bf16-mixed`` runs; on CPU, and on CUDA where there is one):
 every family trains through it, with and without dropout, its matmuls really run in bf16, and it
 stays close to float32."""
 
@@ -10,11 +10,17 @@ import torch.nn.functional as F
 
 from lra_cond.models.attention import ATTENTIONS
 from lra_cond.training.module import LraModel
+from tests.conftest import DEVICES
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["eval", "train"])
 @pytest.mark.parametrize("family", ATTENTIONS.names())
-def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str) -> None:
+def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str, device: str) -> None:
+    if mode == "train" and device == "cuda":
+        # Measured on an H200: CUDA's dropout draws other masks for bf16 than for float32 tensors
+        # from one seed (gradient cosine 0.80-0.97), so the two passes are different functions there.
+        pytest.skip("CUDA dropout masks depend on the dtype; train mode is compared on CPU")
     torch.manual_seed(0)
     options = {"num_landmarks": 8} if family == "nystrom" else {}
     model = LraModel(task="listops", attention=family, attention_args=options, dim=32, mlp_dim=64, max_len=96)
@@ -29,6 +35,8 @@ def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str) -> None:
     batch["input_ids"][1, 80:] = 0
     batch["input_ids"][2, 64:] = 0
     batch["input_ids"][3, 90:] = 0
+    model.to(device)
+    batch = {k: v.to(device) for k, v in batch.items()}
 
     def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()
@@ -41,7 +49,7 @@ def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str) -> None:
     seen = []
     first_attention = next(m for name, m in model.named_modules() if name.endswith("attn"))
     hook = first_attention.q_proj.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         loss16, grads16 = loss_and_grads()
     hook.remove()
     assert seen == [torch.bfloat16]  # the projections ran in bf16 under autocast

@@ -396,7 +396,7 @@ def orthogonal_complement(
     metric = MetricRoot.of(y_q, y_k @ y_k.T)
     if metric is None or metric.floor < METRIC_FLOOR:
         return None
-    idx_i, idx_j = torch.triu_indices(d, d)
+    idx_i, idx_j = torch.triu_indices(d, d, device=s.device)
     r = torch.sqrt(s[idx_i] ** 2 + s[idx_j] ** 2)
     diag = idx_i == idx_j
     a = torch.where(diag, 1.0, s[idx_i] / r).to(s.dtype)

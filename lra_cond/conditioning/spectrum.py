@@ -228,7 +228,8 @@ def head_spectra(
             eliminate = int(v_part.sum()) == d * (dim - r_y)  # the value block's own nulls are Y's
         if eliminate:
             a_blocks = [b for b in sb if b != "v"]
-            keep = torch.cat([torch.arange(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"])
+            spans = [(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"]
+            keep = torch.cat([torch.arange(a, e, device=basis.device) for a, e in spans])
             null_a = basis[:, ~v_part][keep]  # the null directions outside V, in the other blocks
             if all(b in factors for b in a_blocks):  # the Gram from the factors, no rows formed
                 fs = [factors[b] for b in a_blocks]

@@ -144,7 +144,8 @@ class NormalizedAttention(Attention, name="normalized"):
         above; in one of one or two tokens the condition itself is weaker (one key: none; two:
         s_i1 (a_i - b_1) = s_i2 (a_i - b_2) at each query), one direction more for each."""
         d = inp.d
-        rows, cols = torch.triu_indices(d, d)
+        device = inp.w["q"].device
+        rows, cols = torch.triu_indices(d, d, device=device)
         weight = torch.where(rows == cols, 1.0, 2.0).to(inp.w["q"].dtype)
         blocks, owners, n_long = [], [], 0
         for x in inp.xs:
@@ -153,16 +154,16 @@ class NormalizedAttention(Attention, name="normalized"):
             forms = [u[:, rows] * u[:, cols] * weight for u in (q, k)]  # u^T E u over the upper triangle
             if len(x) > 2:
                 blocks += forms
-                owners.append(torch.full((2 * len(x),), n_long))
+                owners.append(torch.full((2 * len(x),), n_long, device=device))
                 n_long += 1
             elif len(x) == 2:  # s_i1 (a_i - b_1) - s_i2 (a_i - b_2) = 0, i = 1, 2
                 s = q @ k.T
                 blocks.append(s[:, :1] * (forms[0] - forms[1][:1]) - s[:, 1:] * (forms[0] - forms[1][1:]))
-                owners.append(torch.full((2,), -1))
+                owners.append(torch.full((2,), -1, device=device))
         if not blocks:
             return None
         owner = torch.cat(owners)
-        seq = (owner[:, None] == torch.arange(n_long)[None, :]).to(weight.dtype)
+        seq = (owner[:, None] == torch.arange(n_long, device=device)[None, :]).to(weight.dtype)
         system = torch.cat([torch.cat(blocks), -seq], 1)  # [u^T E u - c_b] = 0 (and the short rows)
         null = null_vectors(system, RANK_RTOL)[: rows.numel()]
         if not null.shape[1]:

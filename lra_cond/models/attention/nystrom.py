@@ -327,7 +327,8 @@ class NystromAttention(Attention, name="nystrom"):
             return like.new_zeros(length, length)
         w = self.conv.weight[h, 0, :, 0].to(like.dtype)
         kernel = w.numel()
-        offset = torch.arange(length)[None, :] - torch.arange(length)[:, None] + kernel // 2
+        pos = torch.arange(length, device=w.device)
+        offset = pos[None, :] - pos[:, None] + kernel // 2
         inside = (offset >= 0) & (offset < kernel)
         return torch.where(inside, w[offset.clamp(0, kernel - 1)], like.new_zeros(()))
 
