@@ -46,6 +46,12 @@ def null_vectors(m: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     return vh[keep].T
 
 
+def normal_draws(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Standard normal draws from a seeded CPU generator, moved to ``device``: the same numbers on
+    every device, whatever torch's default device (a CUDA probe starts where the CPU one does)."""
+    return torch.randn(*shape, generator=gen, dtype=dtype, device="cpu").to(device)
+
+
 def matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """m @ v for a matrix applied to a few columns, as fast from a column-major m (LAPACK's factors,
     the transpose of a row-major one) as from a row-major one: this CPU's BLAS runs m @ v ~3x slower
@@ -164,7 +170,7 @@ def triangular_condition(r: torch.Tensor, steps: int = 8, block: int = 4, seed: 
     if not bool(torch.isfinite(r).all()) or float(diag.min()) == 0.0:
         return math.inf
     gen = torch.Generator().manual_seed(seed)
-    hi = torch.randn(r.shape[0], block, generator=gen, dtype=r.dtype).to(r.device)
+    hi = normal_draws(gen, r.shape[0], block, dtype=r.dtype, device=r.device)
     lo = hi
     for _ in range(steps):
         hi = matvec(r.T, matvec(r, hi))

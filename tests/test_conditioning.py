@@ -257,6 +257,23 @@ def test_probe_too_small_says_so() -> None:
     assert res.weights["q"]["stacked"] > 0  # weight conditions need no probe
 
 
+@pytest.mark.parametrize("family", ATTENTIONS.names())
+def test_probe_creates_its_tensors_on_the_inputs_device(family: str) -> None:
+    """Every tensor the probe makes lives on its inputs' device (CUDA bugs found on a GPU: index
+    tensors built on the CPU). Under torch's default device ``meta`` any tensor made without one
+    lands there and meets the CPU inputs, so this catches them on a CPU-only machine."""
+    torch.manual_seed(4)
+    layer = build_attention(family, 8, 2, **OPTIONS.get(family, {}))
+    x = layer_norm(torch.randn(3, 24, 8, dtype=torch.float64), beta=0.3)
+    mask = torch.arange(24)[None, :] >= torch.tensor([24, 19, 3])[:, None]  # one sequence shorter than d
+    expected = jacobian_condition(layer, x, mask)
+    with torch.device("meta"):
+        got = jacobian_condition(layer, x, mask)
+    assert got.kappa == expected.kappa and got.n_null == expected.n_null == expected.n_null_expected
+    for block, summary in expected.per_block.items():
+        assert got.per_block[block].kappa == summary.kappa, block
+
+
 def test_callers_layer_untouched() -> None:
     torch.manual_seed(9)
     layer = build_attention("linear", 8, 2, dropout=0.5).train()

@@ -48,7 +48,7 @@ from lra_cond.conditioning.spectrum import NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.conditioning.whole_head import GaugePart
 from lra_cond.errors import UserError
-from lra_cond.linalg import RANK_RTOL, span_union, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, normal_draws, span_union, spectrum_cut, svdvals
 from lra_cond.models.attention.base import Attention
 from lra_cond.models.attention.jacobian import Support
 
@@ -247,9 +247,9 @@ class _Reduction:
         """J vanishes on the support's complement and the columns are J_S P (two random directions
         each), relative to J's gain."""
         gen = torch.Generator().manual_seed(1)
-        r = torch.randn(self.p.shape[0], 2, generator=gen, dtype=self.p.dtype).to(self.p.device)
+        r = normal_draws(gen, self.p.shape[0], 2, dtype=self.p.dtype, device=self.p.device)
         off = r - self.p @ (self.p.T @ r)
-        y = torch.randn(self.p.shape[1], 2, generator=gen, dtype=self.p.dtype).to(self.p.device)
+        y = normal_draws(gen, self.p.shape[1], 2, dtype=self.p.dtype, device=self.p.device)
         # one pass over J_S (T d x n_S, the largest blocks here) for all three products, through the
         # blocks as the family gave them: forming J_S's columns cost ~0.1 s a scope (272 MB)
         probes = torch.cat([r, off, self.p @ y], 1)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lra_cond.linalg import normal_draws
+
 Operator = Callable[[torch.Tensor], torch.Tensor]  # (n, p) -> (n, p)
 
 
@@ -54,7 +56,7 @@ def top_eigenpair(
     the first block holds next to ``block`` random ones."""
     gen = torch.Generator().manual_seed(seed)
     block = max(1, min(block, n))
-    first = torch.randn(n, block, generator=gen, dtype=dtype).to(device)
+    first = normal_draws(gen, n, block, dtype=dtype, device=device)
     if start is not None:
         first = torch.cat([start.to(dtype), first], 1)[:, :n]
     first = torch.linalg.qr(project(first)).Q

@@ -23,7 +23,7 @@ import torch
 from lra_cond.conditioning import gauge
 from lra_cond.conditioning.linearised import LinearisedLayer
 from lra_cond.conditioning.spectrum import NullGroup
-from lra_cond.linalg import RANK_RTOL, null_vectors
+from lra_cond.linalg import RANK_RTOL, normal_draws, null_vectors
 from lra_cond.models.attention.jacobian import rows_equal
 
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
@@ -127,10 +127,10 @@ def verified_groups(
     # of every group, side by side.
     norms = []
     for h in heads:
-        probes = [torch.randn(sizes[h], 1, generator=gen, dtype=torch.float64).to(probe.x.device)]
+        probes = [normal_draws(gen, sizes[h], 1, dtype=torch.float64, device=probe.x.device)]
         for name in names:
             g = cands[h][name].directions
-            probes.append(g @ torch.randn(g.shape[1], 2, generator=gen, dtype=torch.float64).to(g.device))
+            probes.append(g @ normal_draws(gen, g.shape[1], 2, dtype=torch.float64, device=g.device))
         v = torch.cat(probes, 1)
         norms.append((apply(h, v).norm(dim=0), v.norm(dim=0)))
     reference = max(float(out[0] / inp[0]) for out, inp in norms) if norms else 0.0

@@ -92,7 +92,7 @@ from lra_cond.conditioning.preconditioner import (
     whitened,
 )
 from lra_cond.conditioning.whole_head import GaugePart, Head
-from lra_cond.linalg import gram, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import gram, normal_draws, orthonormal_basis, spectrum_cut, svdvals
 from lra_cond.models.attention.jacobian import Factored, ValueBlock
 
 
@@ -141,7 +141,7 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
     # Checked on random directions (the structure holds exactly or fails by O(1)): one product
     # instead of comparing every entry.
     gen = torch.Generator().manual_seed(0)
-    v = torch.randn(d * dim, 2, generator=gen, dtype=block.dtype).to(block.device)
+    v = normal_draws(gen, d * dim, 2, dtype=block.dtype, device=block.device)
     want = ValueBlock(y, d).apply(v)
     got = block @ v
     return y if bool((got - want).norm() <= 1e-12 * max(float(got.norm()), 1e-300)) else None

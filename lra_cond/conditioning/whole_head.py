@@ -15,7 +15,7 @@ from lra_cond.conditioning.deflation import DeflatedRows, Deflation, MetricDefla
 from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes, Regulariser
 from lra_cond.conditioning.factored_scopes import block_alone, block_grams, kept_coordinates
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
-from lra_cond.linalg import gram, kron_left, kron_right, orthonormal_basis, orthonormal_columns
+from lra_cond.linalg import gram, kron_left, kron_right, normal_draws, orthonormal_basis, orthonormal_columns
 from lra_cond.models.attention.jacobian import Factored
 
 # a group of the gauge's form, as its (M_i, W_Q, W_K) (``spectrum.NullGroup.maps``), and a mask of its
@@ -348,7 +348,7 @@ def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
     """Whether the closed-form basis is orthogonal to the verified null directions (random
     combinations of them: a basis built from a wrong structure would not be)."""
     gen = torch.Generator().manual_seed(0)
-    v = null @ torch.randn(null.shape[1], probes, generator=gen, dtype=null.dtype).to(null.device)
+    v = null @ normal_draws(gen, null.shape[1], probes, dtype=null.dtype, device=null.device)
     return bool(basis.apply_t(v).norm() <= gauge.GAUGE_RTOL * v.norm())
 
 

@@ -47,7 +47,8 @@ def _random_bits(seed: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
     """Uniform int16 draws of ``shape`` for block ``index`` (four per 64-bit word of the generator)."""
     *lead, m = shape
     gen = torch.Generator().manual_seed(_block_seed(seed, index))
-    words = torch.empty(*lead, (m + 3) // 4, dtype=torch.int64).random_(-(2**63), None, generator=gen)
+    words = torch.empty(*lead, (m + 3) // 4, dtype=torch.int64, device="cpu")  # the generator is a CPU one
+    words.random_(-(2**63), None, generator=gen)
     return words.view(torch.int16)[..., :m]
 
 
