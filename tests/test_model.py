@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from lra_cond.init import apply_init
 from lra_cond.models import Classifier, EncoderConfig
+from lra_cond.models.attention import ATTENTIONS
 from lra_cond.models.encoder import masked_mean, padding_mask
 from lra_cond.training.module import LraModel
 
@@ -103,3 +105,33 @@ def test_loss_falls_when_overfitting_a_few_batches(tiny_listops):
             opt.step()
             losses.append(loss.item())
     assert losses[-1] < 0.3 * losses[0], (losses[0], losses[-1])
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("family", ATTENTIONS.names())
+def test_training_step_creates_its_tensors_on_the_inputs_device(family: str, mode: str) -> None:
+    """Forward and backward make no tensor on torch's default device, only on the inputs' (a
+    CUDA run breaks on one made on the CPU): under default device ``meta`` such a tensor would meet
+    the CPU inputs, so this checks it on a CPU-only machine. Same loss and gradients bit for bit."""
+    torch.manual_seed(0)
+    options = {"num_landmarks": 8} if family == "nystrom" else {}
+    model = LraModel(task="listops", attention=family, attention_args=options, dim=16, mlp_dim=32, max_len=64)
+    model.train(mode == "train")  # train: dropout, and the blockwise CPU kernel for softmax-based families
+    gen = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(1, 16, (3, 40), generator=gen), "length": torch.tensor([40, 30, 12])}
+    batch["input_ids"][1, 30:] = 0
+    batch["input_ids"][2, 12:] = 0
+    batch["label"] = torch.tensor([0, 3, 7])
+
+    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        torch.manual_seed(1)
+        model.zero_grad()
+        loss = F.cross_entropy(model(batch), batch["label"])
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    loss, grads = step()
+    with torch.device("meta"):
+        loss_meta, grads_meta = step()
+    assert torch.equal(loss, loss_meta) and loss.device.type == "cpu"
+    assert len(grads) == len(grads_meta) and all(torch.equal(a, b) for a, b in zip(grads, grads_meta))

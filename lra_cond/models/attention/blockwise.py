@@ -155,7 +155,7 @@ def blockwise_attention(
     n_keys = k.shape[-2]
     lengths = [n_keys] * q.shape[0] if lengths is None else [max(1, min(n_keys, int(n))) for n in lengths]
     if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item()) if dropout_p > 0 else 0
+        seed = int(torch.randint(0, 2**62, (1,), device="cpu").item()) if dropout_p > 0 else 0
     rows = rows or block_rows(q.shape[1], n_keys)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     device = q.device.type
