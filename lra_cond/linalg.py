@@ -46,7 +46,9 @@ def null_vectors(m: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     return vh[keep].T
 
 
-def normal_draws(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def normal_draws(
+    gen: torch.Generator, *shape: int, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
     """Standard normal draws from a seeded CPU generator, moved to ``device``: the same numbers on
     every device, whatever torch's default device (a CUDA probe starts where the CPU one does)."""
     return torch.randn(*shape, generator=gen, dtype=dtype, device="cpu").to(device)
