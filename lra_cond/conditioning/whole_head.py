@@ -1,7 +1,15 @@
 """The whole head when every block but V comes as a family's factors (softmax; normalized, its K
 with a low-rank correction; nystrom, its Q and K with a landmark correction): the value block
 eliminated as a Schur complement, the null space deflated by congruence (or regularised), every
-Gram from the factors, the exact rows an operator (see ``spectrum``)."""
+Gram from the factors, the exact rows an operator (see ``spectrum``).
+
+Why the head needs its joint Gram (the cross Gram of Q and K and the Schur complement, ~0.7 s a
+nystrom head at the reference shape) and cannot lean on the Grams of Q, K and V alone, which the
+per-block scopes form anyway: preconditioned by those three (block Jacobi), the head's Gram keeps
+a condition number of 5e7-1.4e11 (measured at the reference shape: the pencil (J^T J, blockdiag
+J_b^T J_b) off the head's null space, nystrom layer 0 and 1 and softmax layer 1, head 0). The
+head's small singular values come from the blocks cancelling one another, not from any block
+alone, so an iteration preconditioned that way needs ~sqrt(kappa) steps: thousands."""
 
 from __future__ import annotations
 
