@@ -9,7 +9,10 @@ per-block scopes form anyway: preconditioned by those three (block Jacobi), the 
 a condition number of 5e7-1.4e11 (measured at the reference shape: the pencil (J^T J, blockdiag
 J_b^T J_b) off the head's null space, nystrom layer 0 and 1 and softmax layer 1, head 0). The
 head's small singular values come from the blocks cancelling one another, not from any block
-alone, so an iteration preconditioned that way needs ~sqrt(kappa) steps: thousands."""
+alone, so an iteration preconditioned that way needs ~sqrt(kappa) steps: thousands. Nor can the
+joint Gram be formed in float32 for the refinement to correct: preconditioned and Schur-reduced
+(``h`` of ``_solve_head``) it still has kappa 1e11-1.8e13 for nystrom and 1.4e9-1.7e17 for softmax
+there (float32's Cholesky factor holds to ~1e7)."""
 
 from __future__ import annotations
 
