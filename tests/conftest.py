@@ -21,6 +21,28 @@ DEVICES = [
 ]
 
 
+def small_lra_model(family: str, dim: int, mlp_dim: int, max_len: int) -> torch.nn.Module:
+    """A small ListOps ``LraModel`` of ``family`` (Nystrom with 8 landmarks, to fit short batches)."""
+    from lra_cond.training.module import LraModel
+
+    options = {"num_landmarks": 8} if family == "nystrom" else {}
+    return LraModel(
+        task="listops", attention=family, attention_args=options, dim=dim, mlp_dim=mlp_dim, max_len=max_len
+    )
+
+
+def seeded_loss_and_grads(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], seed: int = 1
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The model's cross-entropy on ``batch`` and every parameter's gradient, dropout drawn from
+    ``seed``: two calls in train mode see the same function."""
+    model.zero_grad()
+    torch.manual_seed(seed)
+    loss = torch.nn.functional.cross_entropy(model(batch), batch["label"])
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
 def sigint_default() -> None:
     """A child's SIGINT as a terminal's Ctrl-C would find it: pytest started as a background job
     (``cmd &`` in a script, nohup) has SIGINT ignored, which its children inherit, and Python then

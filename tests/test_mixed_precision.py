@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lra_cond.models.attention import ATTENTIONS
-from lra_cond.training.module import LraModel
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, seeded_loss_and_grads, small_lra_model
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -22,8 +21,7 @@ def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str, device: 
         # from one seed (gradient cosine 0.80-0.97), so the two passes are different functions there.
         pytest.skip("CUDA dropout masks depend on the dtype; train mode is compared on CPU")
     torch.manual_seed(0)
-    options = {"num_landmarks": 8} if family == "nystrom" else {}
-    model = LraModel(task="listops", attention=family, attention_args=options, dim=32, mlp_dim=64, max_len=96)
+    model = small_lra_model(family, dim=32, mlp_dim=64, max_len=96)
     # Train mode draws dropout (the blockwise CPU kernel included) from the same seed in both passes.
     model.train(mode == "train")
     gen = torch.Generator().manual_seed(0)
@@ -38,19 +36,12 @@ def test_bf16_autocast_step_is_close_to_float32(family: str, mode: str, device: 
     model.to(device)
     batch = {k: v.to(device) for k, v in batch.items()}
 
-    def loss_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model.zero_grad()
-        torch.manual_seed(1)
-        loss = F.cross_entropy(model(batch), batch["label"])
-        loss.backward()
-        return loss.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
-
-    loss32, grads32 = loss_and_grads()
+    loss32, grads32 = seeded_loss_and_grads(model, batch)
     seen = []
     first_attention = next(m for name, m in model.named_modules() if name.endswith("attn"))
     hook = first_attention.q_proj.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
     with torch.autocast(device, dtype=torch.bfloat16):
-        loss16, grads16 = loss_and_grads()
+        loss16, grads16 = seeded_loss_and_grads(model, batch)
     hook.remove()
     assert seen == [torch.bfloat16]  # the projections ran in bf16 under autocast
     assert torch.isfinite(loss16) and loss16.dtype == torch.float32  # cross-entropy autocasts to float32

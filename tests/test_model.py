@@ -11,6 +11,7 @@ from lra_cond.models import Classifier, EncoderConfig
 from lra_cond.models.attention import ATTENTIONS
 from lra_cond.models.encoder import masked_mean, padding_mask
 from lra_cond.training.module import LraModel
+from tests.conftest import seeded_loss_and_grads, small_lra_model
 
 
 def small_model(init: str = "default", seed: int = 0, **kw) -> Classifier:
@@ -114,24 +115,15 @@ def test_training_step_creates_its_tensors_on_the_inputs_device(family: str, mod
     CUDA run breaks on one made on the CPU): under default device ``meta`` such a tensor would meet
     the CPU inputs, so this checks it on a CPU-only machine. Same loss and gradients bit for bit."""
     torch.manual_seed(0)
-    options = {"num_landmarks": 8} if family == "nystrom" else {}
-    model = LraModel(task="listops", attention=family, attention_args=options, dim=16, mlp_dim=32, max_len=64)
+    model = small_lra_model(family, dim=16, mlp_dim=32, max_len=64)
     model.train(mode == "train")  # train: dropout, and the blockwise CPU kernel for softmax-based families
     gen = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(1, 16, (3, 40), generator=gen), "length": torch.tensor([40, 30, 12])}
     batch["input_ids"][1, 30:] = 0
     batch["input_ids"][2, 12:] = 0
     batch["label"] = torch.tensor([0, 3, 7])
-
-    def step() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        torch.manual_seed(1)
-        model.zero_grad()
-        loss = F.cross_entropy(model(batch), batch["label"])
-        loss.backward()
-        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
-
-    loss, grads = step()
+    loss, grads = seeded_loss_and_grads(model, batch)
     with torch.device("meta"):
-        loss_meta, grads_meta = step()
+        loss_meta, grads_meta = seeded_loss_and_grads(model, batch)
     assert torch.equal(loss, loss_meta) and loss.device.type == "cpu"
     assert len(grads) == len(grads_meta) and all(torch.equal(a, b) for a, b in zip(grads, grads_meta))
