@@ -468,6 +468,56 @@ def test_the_whole_head_forms_k_s_gram_alone_only_for_k_s_own_scope(monkeypatch:
     assert alone.kappa == pytest.approx(dense.kappa, rel=1e-8)
 
 
+def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once nystrom's whole head is solved, its blocks drop the correction's products and the
+    preconditioned factors of each block alone (~100 MB a block at the reference shape) and keep
+    the Gram alone: the blocks' own scopes then form none of them again, and their values equal
+    dense."""
+    from lra_cond.conditioning import factored
+
+    torch.manual_seed(5)
+    layer = build_attention("nystrom", 8, 2, num_landmarks=6)
+    x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
+    released, formed, own_scope = [], [], [False]
+    real_release, real_scope = factored_scopes.release_whole_head_parts, factored_scopes.factored_scope
+
+    def release(f):  # noqa: ANN001, ANN202
+        real_release(f)
+        released.append(f)
+
+    def scope(*args):  # noqa: ANN002, ANN202
+        own_scope[0] = True
+        try:
+            return real_scope(*args)
+        finally:
+            own_scope[0] = False
+
+    def counted(name: str):  # noqa: ANN202
+        real = getattr(factored, name)
+
+        def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if own_scope[0]:
+                formed.append(name)
+            return real(*args, **kwargs)
+
+        return spy
+
+    monkeypatch.setattr(factored_scopes, "release_whole_head_parts", release)
+    monkeypatch.setattr(factored_scopes, "factored_scope", scope)
+    for name in ("preconditioned", "cross_gram", "_mix_t_base"):
+        monkeypatch.setattr(factored, name, counted(name))
+    fast = jacobian_condition(layer, x)
+    dense = jacobian_condition(layer, x, method="dense")
+    assert [f.kind for f in released] == ["query_local", "outer"] * 2
+    for f in released:
+        assert "correction" not in f.cache and f.cache["alone"][2] is None
+        assert f.cache["alone"][3].shape[0] == f.cache["alone"][3].shape[1] > 0
+    assert formed == []
+    for b in "qk":
+        assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
+        assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
+
+
 def test_a_gauge_regulariser_in_closed_form_is_the_projector_onto_the_null_space(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
