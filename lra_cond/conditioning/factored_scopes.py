@@ -124,13 +124,14 @@ def block_alone(
 
 
 def release_whole_head_parts(f: Factored) -> None:
-    """Once its whole head is solved, drop from the cache of a block whose Gram alone that head
-    formed (``block_alone``) what only the head read: the correction's products (E^T B, E^T E Z)
-    and the preconditioned factors of the block alone. The Gram alone, its input side and the
-    output side stay for the block's own scope, which reads nothing else (other blocks' caches,
-    e.g. normalized attention's K, are read again by their own scopes). Measured at the reference
-    shape (nystrom, ~100 MB a block): peak resident 2.29-2.43 -> 1.99-2.02 GB, minor faults
-    452-483k -> 374-377k per probe, kappa unchanged."""
+    """Drop from the cache of a block whose Gram alone its whole head formed (``block_alone``) what
+    only that head reads, once it no longer does (after the head; K's right after its Gram alone,
+    ``whole_head._closed_grams``): the correction's products (E^T B, E^T E Z) and the
+    preconditioned factors of the block alone. The Gram alone, its input side and the output side
+    stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
+    attention's K, are read again by their own scopes). Measured at the reference shape (nystrom,
+    ~100 MB a block): peak resident 2.32-2.43 -> 1.92-1.97 GB, minor faults 453-483k -> 342-357k
+    per probe, kappa unchanged."""
     if "alone" not in f.cache:
         return
     f.cache.pop("correction", None)

@@ -24,7 +24,12 @@ import torch
 from lra_cond.conditioning import extremes, factored, gauge
 from lra_cond.conditioning.deflation import DeflatedRows, Deflation, MetricDeflation, deflation
 from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes, Regulariser
-from lra_cond.conditioning.factored_scopes import block_alone, block_grams, kept_coordinates
+from lra_cond.conditioning.factored_scopes import (
+    block_alone,
+    block_grams,
+    kept_coordinates,
+    release_whole_head_parts,
+)
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
 from lra_cond.linalg import gram, kron_left, kron_right, normal_draws, orthonormal_basis, orthonormal_columns
 from lra_cond.models.attention.jacobian import Factored
@@ -313,6 +318,8 @@ def _closed_grams(
     for b, f in enumerate(fs):
         if f.low_rank is not None and (b == 0 or alone_later[b]):  # the complement's factor is Q's
             alone[b] = block_alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
+            if b:  # only Q's factors alone meet another piece (``against``): K's Gram is all it needs
+                release_whole_head_parts(f)
 
     def relative(b: int, u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
         """Block b's piece with output side ``u_out`` (None: L_b) and input side ``w_in``, as (O, M)
