@@ -125,13 +125,14 @@ def block_alone(
 
 def release_whole_head_parts(f: Factored) -> None:
     """Drop from the cache of a block whose Gram alone its whole head formed (``block_alone``) what
-    only that head reads, once it no longer does (after the head; K's right after its Gram alone,
-    ``whole_head._closed_grams``): the correction's products (E^T B, E^T E Z) and the
+    only that head reads, once it no longer does (before the head's solve; K's right after its
+    Gram alone, ``whole_head._closed_grams``): the correction's products (E^T B, E^T E Z) and the
     preconditioned factors of the block alone. The Gram alone, its input side and the output side
     stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
     attention's K, are read again by their own scopes). Measured at the reference shape (nystrom,
-    ~100 MB a block): peak resident 2.32-2.43 -> 1.92-1.97 GB, minor faults 453-483k -> 342-357k
-    per probe, kappa unchanged."""
+    ~100 MB a block; with the head's pieces freed before its solve): peak resident 2.31-2.43 ->
+    1.83-1.90 GB, minor faults 445-483k -> 333-338k per probe, kappa unchanged, time within the
+    noise (six probes each, alternating: 11.8-15.7 against 12.2-14.7 s)."""
     if "alone" not in f.cache:
         return
     f.cache.pop("correction", None)

@@ -242,8 +242,6 @@ def head_spectra(
                 later = tuple(b in alone_later for b in a_blocks)
                 problem = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method, later)
                 out[scope] = whole_head.factored_head(problem, closed, part)
-                for f in fs:
-                    factored_scopes.release_whole_head_parts(f)
                 continue
             (main, coupling), t = deflate_columns(
                 [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real

@@ -77,7 +77,7 @@ def factored_head(
 
     The exact rows (of the check, the refinement and sigma_max) are an operator through the
     factors, never formed; the value coupling C B is, from the Schur complement's pieces."""
-    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
+    fs, null = head.fs, head.null
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
     if closed is not None:
         basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
@@ -91,6 +91,21 @@ def factored_head(
                     return out
             return _factored_head_kept(head, gauge_part)
         basis = deflation(null, d, dim, n_b)
+    t_d, h, coupling = _deflated_schur(head, basis, closed)
+    # what only the pieces read goes before the solve allocates its own (its Cholesky factor,
+    # Lanczos' bases): the pieces, their Gram and Q's factors alone, ~0.5 GB a nystrom head
+    for f in fs:
+        release_whole_head_parts(f)
+    return _solve_head(head, basis, t_d, h, coupling, preconditioned=False)
+
+
+def _deflated_schur(
+    head: Head, basis: Deflation, closed: gauge.GaugeComplement | None
+) -> tuple[Preconditioner, torch.Tensor, torch.Tensor]:
+    """``factored_head``'s preconditioner T, the value block's Schur complement (preconditioned,
+    on the coordinates ``basis``) and the value coupling C B, from the factors."""
+    fs, u, r_y, x = head.fs, head.u, head.r_y, head.x
+    d = fs[0].left.shape[-1]
     n_c, pcol = basis.comp.shape[1], 0
     # each block split by input side into its perp and its par coordinates, as separate factors
     # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
@@ -130,7 +145,7 @@ def factored_head(
     # C B formed (~50 MB at the reference shape; its pieces are formed anyway): the inverse Gram's
     # products read it, where the factors' operator re-reads nystrom's corrections Z (~140 MB):
     # measured 78 -> 36 ms per Lanczos step there, the same for softmax and normalized
-    return _solve_head(head, basis, t_d, h, torch.cat([c_perp, top_c], 1), preconditioned=False)
+    return t_d, h, torch.cat([c_perp, top_c], 1)
 
 
 def _solve_head(
