@@ -113,8 +113,8 @@ def block_alone(
     """Block f alone with its input side restricted to ``v`` (D', p orthonormal: the complement of
     its null inputs): (v, W, the factors of J (L_b (x) v W), their Gram), formed once (kept in its
     cache): the block's own scope (``factored_scope``) and the whole head's pieces of that block
-    (``whole_head._closed_grams``) share it. The factors are None once the whole head is solved
-    (``release_whole_head_parts``)."""
+    (``whole_head._closed_grams``) share it. The factors are None once the whole head no longer
+    reads them (``release_whole_head_parts``)."""
     cached = f.cache.get("alone")
     if cached is None or cached[0] is not v:
         w = input_whitening(x @ v)

@@ -335,6 +335,7 @@ def _closed_grams(
             alone[b] = block_alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
             if b:  # only Q's factors alone meet another piece (``against``): K's Gram is all it needs
                 release_whole_head_parts(f)
+                alone[b] = f.cache["alone"]  # (this dict's own reference would keep them to the end)
 
     def relative(b: int, u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
         """Block b's piece with output side ``u_out`` (None: L_b) and input side ``w_in``, as (O, M)
