@@ -469,10 +469,10 @@ def test_the_whole_head_forms_k_s_gram_alone_only_for_k_s_own_scope(monkeypatch:
 
 
 def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once nystrom's whole head is solved, its blocks drop the correction's products and the
-    preconditioned factors of each block alone (~100 MB a block at the reference shape) and keep
-    the Gram alone: the blocks' own scopes then form none of them again, and their values equal
-    dense."""
+    """Once nystrom's whole head no longer reads them (before its solve), its blocks drop the
+    correction's products and the preconditioned factors of each block alone (~100 MB a block at
+    the reference shape) and keep the Gram alone: the blocks' own scopes then form none of them
+    again, and their values equal dense."""
     from lra_cond.conditioning import factored
 
     torch.manual_seed(5)
