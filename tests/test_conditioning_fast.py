@@ -22,6 +22,7 @@ from lra_cond.conditioning import (
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.conditioning.linearised import linearise
 from lra_cond.conditioning.preconditioner import Preconditioner
+from lra_cond.conditioning.triangular import Bordered, BorderedGram
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
 
@@ -254,15 +255,20 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
 
 def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Cholesky factor the spectrum routine forms gets random upper-triangular noise of 1e-4
-    of its smallest pivot."""
+    of its smallest pivot (a bordered one, ``triangular.Bordered``, in both of its formed blocks)."""
     real = extremes._triangular
     gen = torch.Generator().manual_seed(0)
 
+    def noise(like: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return 1e-4 * scale * torch.randn(like.shape, generator=gen, dtype=like.dtype)
+
     def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
         r, route, factored_gram = real(rows, t, use_qr, g, reg)
-        if route == "cholesky":
-            noise = torch.randn(r.shape, generator=gen, dtype=r.dtype).triu()
-            r = r + 1e-4 * noise * r.diagonal().abs().min()
+        if route == "cholesky" and isinstance(r, Bordered):
+            smallest = r.r_s.diagonal().abs().min().clamp(max=1.0)  # (its other pivots are 1)
+            r = Bordered(r.r_s + noise(r.r_s, smallest).triu(), r.b + noise(r.b, smallest))
+        elif route == "cholesky":
+            r = r + noise(r, r.diagonal().abs().min()).triu()
             factored_gram = r.T @ r  # the Gram this factor factors
         return r, route, factored_gram
 
@@ -429,7 +435,8 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
 
     def spy(rows, t, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         if kwargs.get("refine"):
-            given.append((rows, t, kwargs["g"].clone()))
+            g = kwargs["g"]  # (a bordered Gram's block is overwritten when it is factored)
+            given.append((rows, t, g.formed() if isinstance(g, BorderedGram) else g.clone()))
         return real(rows, t, *args, **kwargs)
 
     monkeypatch.setattr(extremes, "solve", spy)

@@ -16,6 +16,7 @@ from lra_cond.conditioning import gauge
 from lra_cond.conditioning.deflation import DeflatedRows, complement, materialised, rows_product
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.conditioning.preconditioner import Preconditioner
+from lra_cond.conditioning.triangular import Bordered, BorderedGram, Upper
 from lra_cond.linalg import gram, matvec, orthonormal_basis, spectrum_cut, svdvals
 
 EPS = torch.finfo(torch.float64).eps
@@ -38,12 +39,13 @@ class Extremes:
 @dataclass
 class _Factor:
     """R with R^T R = J^T J on one scope's deflated coordinates: R = [[diag(rv), C], [0, R' T^{-1}]]
-    (the value part optional), R'^T R' = T^T A^T A T. ``rows`` are the exact rows, for checks.
-    With ``null`` (regularised), R^T R = J^T J + N Z N^T: every vector is projected off N."""
+    (the value part optional), R'^T R' = T^T A^T A T (R' formed, or bordered: ``triangular``).
+    ``rows`` are the exact rows, for checks. With ``null`` (regularised), R^T R = J^T J + N Z N^T:
+    every vector is projected off N."""
 
     rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
     c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
-    r: torch.Tensor  # (n_A, n_A) upper triangular R'
+    r: Upper | Bordered  # (n_A, n_A) R' (a formed tensor is taken as upper triangular)
     t: Preconditioner
     rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
     route: str
@@ -54,6 +56,10 @@ class _Factor:
     # ``c`` holds C T, the coupling on the preconditioned coordinates (C = c T^-1 applied through
     # T: no pass over the whole coupling to form C, ~60 ms a head at the reference shape)
     c_preconditioned: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, torch.Tensor):
+            self.r = Upper(self.r)
 
     # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
     # ``matvec``, which reads either layout at row-major speed without a copy
@@ -88,7 +94,7 @@ class _Factor:
 
     @property
     def n(self) -> int:
-        return self.n_v + self.r.shape[0]
+        return self.n_v + self.r.n
 
     def gram_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J^T J u for sigma_max: through the exact J when the whole head's rows are one operator
@@ -109,25 +115,23 @@ class _Factor:
 
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
         ua = u[self.n_v :]
-        low = matvec(self.r, self.t.solve(ua))
+        low = self.r.apply(self.t.solve(ua))
         if self.rv is None:
             return low
         return torch.cat([self.rv[:, None] * u[: self.n_v] + self._c(ua), low])
 
     def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
         if self.rv is None:
-            return self.t.solve_t(matvec(self.r.T, w))
+            return self.t.solve_t(self.r.apply_t(w))
         wv, wa = w[: self.n_v], w[self.n_v :]
-        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(matvec(self.r.T, wa))])
+        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(self.r.apply_t(wa))])
 
     def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u
         if self.rv is None:
-            w = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(u), upper=False)
-            return self.t.apply(torch.linalg.solve_triangular(self.r, w, upper=True))
+            return self.t.apply(self.r.solve(self.r.solve_t(self.t.apply_t(u))))
         uv, ua = u[: self.n_v], u[self.n_v :]
         wv = uv / self.rv[:, None]
-        wa = torch.linalg.solve_triangular(self.r.T, self.t.apply_t(ua - self._c_t(wv)), upper=False)
-        za = self.t.apply(torch.linalg.solve_triangular(self.r, wa, upper=True))
+        za = self.t.apply(self.r.solve(self.r.solve_t(self.t.apply_t(ua - self._c_t(wv)))))
         return torch.cat([(wv - self._c(za)) / self.rv[:, None], za])
 
     def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
@@ -200,18 +204,28 @@ def _triangular(
     rows: list[torch.Tensor],
     t: Preconditioner,
     use_qr: bool,
-    g: torch.Tensor | None = None,
+    g: torch.Tensor | BorderedGram | None = None,
     reg: Regulariser | None = None,
-) -> tuple[torch.Tensor, str, torch.Tensor | None]:
+) -> tuple[torch.Tensor | Bordered, str, torch.Tensor | None]:
     """R' with R'^T R' = T^T A^T A T + beta P (A the stacked rows, P = ``reg`` the orthogonal
     projector onto T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when
-    the caller formed it from factors), or Householder QR of the preconditioned rows stacked on
+    the caller formed it from factors; a ``BorderedGram`` factored with its whitened coordinates
+    first, unless regularised), or Householder QR of the preconditioned rows stacked on
     sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically
-    definite). Also returns the Gram that was factored (None after QR). ``g`` is regularised in
-    place (a copy of 4160^2 cost ~0.05 s at the reference shape): callers give a Gram of their own,
-    never a cached one. On vectors orthogonal to N (all that Lanczos applies it to) the regularised
-    Gram acts as the plain one: P T^-1 u = 0 exactly when N^T u = 0."""
+    definite). Also returns the Gram that was factored when formed (None after QR and for a
+    bordered factor). ``g`` is regularised in place (a copy of 4160^2 cost ~0.05 s at the
+    reference shape): callers give a Gram of their own, never a cached one. On vectors orthogonal
+    to N (all that Lanczos applies it to) the regularised Gram acts as the plain one: P T^-1 u = 0
+    exactly when N^T u = 0."""
     pre = None
+    if not use_qr and isinstance(g, BorderedGram):
+        if reg is None and g.cc is None:
+            bordered = g.factor()
+            if bordered is not None:
+                return bordered, "cholesky", None
+            use_qr = True  # (as a formed Gram's failed Cholesky: its Schur complement is not definite)
+        else:
+            g = g.formed()
     if not use_qr:
         if g is None:
             pre = [t.right(materialised(r)) for r in rows]
@@ -236,7 +250,7 @@ def _triangular(
 
 def _factor_extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
     """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
-    dtype, device = factor.r.dtype, factor.r.device
+    dtype, device = factor.r.like.dtype, factor.r.like.device
     top = top_eigenpair(
         factor.gram_apply, factor.n, factor.project, dtype, device, start=factor.value_cluster()
     )
@@ -334,7 +348,7 @@ def solve(
     verified: int,
     rtol: float,
     method: str,
-    g: torch.Tensor | None = None,
+    g: torch.Tensor | BorderedGram | None = None,
     null: torch.Tensor | None = None,
     refine: bool = False,
     joint: DeflatedRows | None = None,

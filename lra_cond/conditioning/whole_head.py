@@ -31,6 +31,7 @@ from lra_cond.conditioning.factored_scopes import (
     release_whole_head_parts,
 )
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
+from lra_cond.conditioning.triangular import BorderedGram
 from lra_cond.linalg import gram, kron_left, kron_right, normal_draws, orthonormal_basis, orthonormal_columns
 from lra_cond.models.attention.jacobian import Factored
 
@@ -101,7 +102,7 @@ def factored_head(
 
 def _deflated_schur(
     head: Head, basis: Deflation, closed: gauge.GaugeComplement | None
-) -> tuple[Preconditioner, torch.Tensor, torch.Tensor]:
+) -> tuple[Preconditioner, BorderedGram, torch.Tensor]:
     """``factored_head``'s preconditioner T, the value block's Schur complement (preconditioned,
     on the coordinates ``basis``) and the value coupling C B, from the factors."""
     fs, u, r_y, x = head.fs, head.u, head.r_y, head.x
@@ -152,7 +153,7 @@ def _solve_head(
     head: Head,
     basis: Deflation | MetricDeflation,
     t: Preconditioner,
-    h: torch.Tensor,
+    h: torch.Tensor | BorderedGram,
     coupling: torch.Tensor,
     preconditioned: bool,
     null: torch.Tensor | None = None,
@@ -188,24 +189,24 @@ def _solve_head(
 
 def _schur_whitened(
     g_pp: torch.Tensor, g_pc: torch.Tensor, g_cc: torch.Tensor, top_p: torch.Tensor, top_c: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[BorderedGram, torch.Tensor]:
     """The value block's Schur complement G - C^T C of a Gram G = [[G_pp, G_pc], [., G_cc]] and
-    coupling rows C = [C_p | C_c], its complement part whitened by R_c, the (shifted) Cholesky
-    factor of its own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows
-    times R_c^-1. ``g_cc`` is overwritten."""
-    n_p, n_c = g_pp.shape[0], g_cc.shape[0]
+    coupling rows C = [C_p | C_c], its complement part whitened by R_c, the Cholesky factor of its
+    own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows times R_c^-1,
+    bordered (``triangular.BorderedGram``: that block the identity). Where H_cc is not numerically
+    definite, R_c is shifted and H's whitened block formed. ``g_pp`` and ``g_cc`` are overwritten."""
     h_cc = gram(top_c, add_to=g_cc, alpha=-1.0)
-    eye = torch.eye(n_c, dtype=g_cc.dtype, device=g_cc.device)
-    r_c = torch.linalg.cholesky_ex(h_cc + 1e-10 * float(h_cc.diagonal().mean()) * eye, upper=True)[0]
-    h = g_pp.new_empty(n_p + n_c, n_p + n_c)
-    h[:n_p, :n_p] = g_pp
-    gram(top_p, add_to=h[:n_p, :n_p], alpha=-1.0)  # in place: no third such matrix
-    h[:n_p, n_p:] = torch.linalg.solve_triangular(r_c, g_pc - top_p.T @ top_c, upper=True, left=False)
-    h[n_p:, :n_p] = h[:n_p, n_p:].T
-    h[n_p:, n_p:] = torch.linalg.solve_triangular(
-        r_c.T, torch.linalg.solve_triangular(r_c, h_cc, upper=True, left=False), upper=False
-    )
-    return h, r_c
+    r_c, info = torch.linalg.cholesky_ex(h_cc, upper=True)
+    cc = None
+    if int(info):
+        eye = torch.eye(h_cc.shape[0], dtype=h_cc.dtype, device=h_cc.device)
+        r_c = torch.linalg.cholesky_ex(h_cc + 1e-10 * float(h_cc.diagonal().mean()) * eye, upper=True)[0]
+        cc = torch.linalg.solve_triangular(
+            r_c.T, torch.linalg.solve_triangular(r_c, h_cc, upper=True, left=False), upper=False
+        )
+    h_pp = gram(top_p, add_to=g_pp, alpha=-1.0)  # in place: no second such matrix
+    h_pc = torch.linalg.solve_triangular(r_c, g_pc - top_p.T @ top_c, upper=True, left=False)
+    return BorderedGram(h_pp, h_pc, cc), r_c
 
 
 def _factored_head_kept(
