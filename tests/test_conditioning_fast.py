@@ -1277,6 +1277,20 @@ def test_factored_products_equal_the_dense_block() -> None:
                 torch.testing.assert_close(got, (j @ w_narrow).T @ k, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("same", [True, False])
+def test_sum_over_inputs_contracts_rows_and_inputs(same: bool) -> None:
+    """sum_j,c a[j, (b, c)] b[j, (e, c)] in chunks of rows (a row count no chunk divides) equals the
+    einsum over the (r, d, p) views."""
+    from lra_cond.conditioning import factored
+
+    gen = torch.Generator().manual_seed(2)
+    r, d, p = 150, 4, 7
+    a = torch.randn(r, d * p, generator=gen, dtype=torch.float64)
+    b = a if same else torch.randn(r, d * p, generator=gen, dtype=torch.float64)
+    want = torch.einsum("jbc,jec->be", a.view(r, d, p), b.view(r, d, p))
+    torch.testing.assert_close(factored.sum_over_inputs(a, b, d, rows=64), want, rtol=1e-13, atol=1e-13)
+
+
 def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:
     """Two sequences' corrected blocks stacked: the correction is block diagonal, so the stacked
     block's rows are each sequence's own rows."""

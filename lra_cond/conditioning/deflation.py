@@ -238,7 +238,7 @@ def deflate_columns(
     for rot, wp in zip(rotations, perp_widths):
         if wp:
             p = wp // d
-            t.add_kron(output_whitening(out[0][:, col : col + wp], d, p), input_whitening(x @ rot[:, :p]))
+            t.add_kron(output_whitening(out[0][:, col : col + wp], d), input_whitening(x @ rot[:, :p]))
             col += wp
     if n_c:
         t.add_dense(dense_preconditioner(out[0][:, n_perp:]))

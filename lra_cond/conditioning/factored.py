@@ -40,16 +40,25 @@ def _output_side(f: Factored) -> torch.Tensor:
     if f.low_rank is not None:  # + the same sum over c of Z^T V + V^T Z (see ``cross_gram``)
         z = f.low_rank[1]
         eb, eez = _correction_products(f)
-        zv = _sum_over_inputs(z, torch.add(eb, eez, alpha=0.5).view(z.shape))
+        zv = sum_over_inputs(z.reshape(z.shape[0], -1), torch.add(eb, eez, alpha=0.5), z.shape[1])
         m = m + zv + zv.T
     return inverse_cholesky_t(m)
 
 
-def _sum_over_inputs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum_j,c a[j, b, c] b[j, e, c] for a, b (r, d, p), as one product of (d, r p) matrices (an
-    einsum took ~3x as long at r = 2048, d = 32, p = 65)."""
-    d = a.shape[1]
-    return a.transpose(0, 1).reshape(d, -1) @ b.transpose(0, 1).reshape(d, -1).T
+def sum_over_inputs(a: torch.Tensor, b: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
+    """sum_j,c a[j, (b, c)] b[j, (e, c)] for a, b (r, d p) in the (b, c) column layout: summed over
+    chunks of rows, each transposed to (d, rows p) in cache (at r = 2048, d = 32, p = 65: 10 ms,
+    against 31 for one product of the whole (d, r p) transposed copies, 11 for a batched product
+    and ~80 for an einsum; 22 against 46 ms at 6144 x 2080)."""
+
+    def chunk(m: torch.Tensor, start: int) -> torch.Tensor:
+        return m[start : start + rows].reshape(-1, d, m.shape[1] // d).transpose(0, 1).reshape(d, -1)
+
+    out = a.new_zeros(d, d)
+    for start in range(0, a.shape[0], rows):
+        a2 = chunk(a, start)
+        out.addmm_(a2, (a2 if b is a else chunk(b, start)).T)
+    return out
 
 
 def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Factored:

@@ -131,16 +131,10 @@ def input_whitening(x: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     return vh.T @ torch.diag(1.0 / full) @ vh
 
 
-def output_whitening(a: torch.Tensor, d: int, p: int, rows: int = 64) -> torch.Tensor:
+def output_whitening(a: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
     """L with (a reshaped (m, d, p)) contracted over rows and c having unit Gram on b: the
-    Kronecker preconditioner's output side (the inverse Cholesky factor, transposed). Summed over
-    chunks of rows, each transposed to (d, rows * p) in cache: half the time of one transposed copy
-    of the whole block (measured 22 against 46 ms for 6144 x 2080)."""
-    m = a.new_zeros(d, d)
-    for start in range(0, a.shape[0], rows):
-        a2 = a[start : start + rows].reshape(-1, d, p).transpose(0, 1).reshape(d, -1)
-        m.addmm_(a2, a2.T)
-    return factored.inverse_cholesky_t(m)
+    Kronecker preconditioner's output side (the inverse Cholesky factor, transposed)."""
+    return factored.inverse_cholesky_t(factored.sum_over_inputs(a, a, d, rows))
 
 
 def dense_whitening(a: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:

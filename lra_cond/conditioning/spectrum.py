@@ -265,7 +265,7 @@ def head_spectra(
                 continue
             t, g = Preconditioner(), None
             for b in raw[: len(sb)]:
-                t.add_kron(output_whitening(b, d, dim), input_whitening(x_real))
+                t.add_kron(output_whitening(b, d), input_whitening(x_real))
             if extra and not sb and null.dense_product is not None:  # the columns alone, whitened
                 r, scaled = whitened(extra[0], null.dense_product, null.dense_gram)  # by its structure
                 t.add_dense(r)
