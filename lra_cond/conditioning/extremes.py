@@ -207,16 +207,15 @@ def _triangular(
     g: torch.Tensor | BorderedGram | None = None,
     reg: Regulariser | None = None,
 ) -> tuple[torch.Tensor | Bordered, str, torch.Tensor | None]:
-    """R' with R'^T R' = T^T A^T A T + beta P (A the stacked rows, P = ``reg`` the orthogonal
-    projector onto T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when
-    the caller formed it from factors; a ``BorderedGram`` factored with its whitened coordinates
-    first, unless regularised), or Householder QR of the preconditioned rows stacked on
-    sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically
-    definite). Also returns the Gram that was factored when formed (None after QR and for a
-    bordered factor). ``g`` is regularised in place (a copy of 4160^2 cost ~0.05 s at the
-    reference shape): callers give a Gram of their own, never a cached one. On vectors orthogonal
-    to N (all that Lanczos applies it to) the regularised Gram acts as the plain one: P T^-1 u = 0
-    exactly when N^T u = 0."""
+    """R' with R'^T R' = T^T A^T A T + beta P (A the stacked rows, P = ``reg`` the orthogonal projector onto
+    T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when the caller formed it
+    from factors; a ``BorderedGram`` factored with its whitened coordinates first, unless regularised or
+    its whitened block is not the identity), or Householder QR of the preconditioned rows stacked on
+    sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically definite).
+    Also returns the Gram that was factored when formed (None after QR and for a bordered factor). ``g``
+    is regularised in place (a copy of 4160^2 cost ~0.05 s at the reference shape): callers give a Gram of
+    their own, never a cached one. On vectors orthogonal to N (all that Lanczos applies it to) the
+    regularised Gram acts as the plain one: P T^-1 u = 0 exactly when N^T u = 0."""
     pre = None
     if not use_qr and isinstance(g, BorderedGram):
         if reg is None and g.cc is None:
