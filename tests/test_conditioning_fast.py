@@ -450,29 +450,48 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
         torch.testing.assert_close(raw, formed, rtol=0, atol=1e-12 * float(formed.abs().max()))
 
 
-def test_the_whole_head_forms_k_s_gram_alone_only_for_k_s_own_scope(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nystrom's whole head needs K's Gram alone only on K's perp piece: it forms K's whole Gram
-    alone (rank m d x (d D')^2 flops) only when K's own scope follows and shares it; Q's always
-    (the gauge complement's factor is Q's). The same kappa either way, and equal to dense."""
+def test_the_whole_head_shares_k_s_gram_alone_as_a_congruence_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nystrom's whole head forms Q's Gram alone from Q's factors (one a head), never K's: when K's own
+    scope follows, K's Gram alone is a congruence of the head's Gram (the gauge makes K's gauge-input
+    columns Q's, ``whole_head._k_alone``). It equals K's Gram formed from K's own factors on the same
+    coordinates, and kappa is the same with or without it and equal to dense."""
+    from lra_cond.conditioning import factored
+    from lra_cond.models.attention.jacobian import Factored
+
     torch.manual_seed(5)
     layer = build_attention("nystrom", 8, 2, num_landmarks=6)
     x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
-    formed, real = [], whole_head.block_alone
+    formed, shared, real_alone, real_k = [], [], whole_head.block_alone, whole_head._k_alone
 
     def spy(f, v, x_):  # noqa: ANN001, ANN202
         formed.append(f.kind)  # Q's factors are query-local, K's outer products
-        return real(f, v, x_)
+        return real_alone(f, v, x_)
+
+    def k_spy(g, blocks, closed, fs, w_perp, x_):  # noqa: ANN001, ANN202
+        v, w, gram = real_k(g, blocks, closed, fs, w_perp, x_)
+        f = fs[1]  # K's Gram on L_K (x) v W from its own factors (a fresh cache: no shared products)
+        own = factored.preconditioned(
+            Factored(f.kind, f.left, f.right, f.low_rank), factored.output_side(f), v @ w
+        )
+        shared.append((gram, factored.cross_gram(own, own)))
+        return v, w, gram
 
     monkeypatch.setattr(whole_head, "block_alone", spy)
+    monkeypatch.setattr(whole_head, "_k_alone", k_spy)
     alone = jacobian_condition(layer, x, per_block=False)
-    assert formed == ["query_local"] * 2  # one a head
+    assert formed == ["query_local"] * 2 and not shared  # one a head
     formed.clear()
-    shared = jacobian_condition(layer, x)
-    assert formed == ["query_local", "outer"] * 2
-    dense = jacobian_condition(layer, x, method="dense", per_block=False)
-    assert alone.n_null == shared.n_null == dense.n_null == alone.n_null_expected
-    assert alone.kappa == pytest.approx(shared.kappa, rel=1e-12)
+    both = jacobian_condition(layer, x)
+    assert formed == ["query_local"] * 2 and len(shared) == 2
+    for gram, own in shared:
+        torch.testing.assert_close(gram, own, rtol=0, atol=1e-12 * float(own.abs().max()))
+    dense = jacobian_condition(layer, x, method="dense")
+    assert alone.n_null == both.n_null == dense.n_null == alone.n_null_expected
+    assert alone.kappa == pytest.approx(both.kappa, rel=1e-12)
     assert alone.kappa == pytest.approx(dense.kappa, rel=1e-8)
+    assert both.per_block["k"].kappa == pytest.approx(dense.per_block["k"].kappa, rel=1e-8)
 
 
 def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -515,7 +534,7 @@ def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: py
         monkeypatch.setattr(factored, name, counted(name))
     fast = jacobian_condition(layer, x)
     dense = jacobian_condition(layer, x, method="dense")
-    released = list({id(f): f for f in released}.values())  # K's goes twice: after its Gram, after the head
+    released = list({id(f): f for f in released}.values())
     assert sorted(f.kind for f in released) == ["outer", "outer", "query_local", "query_local"]
     for f in released:
         assert "correction" not in f.cache and f.cache["alone"][2] is None

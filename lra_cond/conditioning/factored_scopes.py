@@ -123,11 +123,17 @@ def block_alone(
     return f.cache["alone"]
 
 
+def share_alone(f: Factored, v: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> None:
+    """Keep for block f's own scope its Gram alone ``g`` on ``v`` whitened by ``w`` (``block_alone``'s
+    coordinates), formed by a whole head without the block's own factors."""
+    f.cache["alone"] = (v, w, None, g)
+
+
 def release_whole_head_parts(f: Factored) -> None:
-    """Drop from the cache of a block whose Gram alone its whole head formed (``block_alone``) what
-    only that head reads, once it no longer does (before the head's solve; K's right after its
-    Gram alone, ``whole_head._closed_grams``): the correction's products (E^T B, E^T E Z) and the
-    preconditioned factors of the block alone. The Gram alone, its input side and the output side
+    """Drop from the cache of a block whose Gram alone its whole head formed or shared
+    (``block_alone``, ``share_alone``) what only that head reads, once it no longer does (before the
+    head's solve): the correction's products (E^T B, E^T E Z) and the preconditioned factors of the
+    block alone. The Gram alone, its input side and the output side
     stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
     attention's K, are read again by their own scopes). Measured at the reference shape (nystrom,
     ~100 MB a block; with the head's pieces freed before its solve): peak resident 2.31-2.43 ->

@@ -193,8 +193,8 @@ def head_spectra(
     use them). Blocks' rows rotated for the value elimination are shared by the scopes given
     (``jacobian_condition`` gives one at a time: each scope's reduced columns go before the next
     scope's are built); the rotation itself is formed once per head (``_value_rotation``).
-    ``alone_later``: the blocks whose own scopes this head is asked next (the whole head then forms
-    their Grams alone to share them, ``whole_head._closed_grams``)."""
+    ``alone_later``: the blocks whose own scopes this head is asked next (the whole head then shares
+    their Grams alone, ``whole_head._closed_grams``)."""
     factors = factors or {}
     size = d * dim
     y, u, s_y, r_y = _value_rotation(jac, blocks, d, rtol)

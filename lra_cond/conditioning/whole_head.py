@@ -29,6 +29,7 @@ from lra_cond.conditioning.factored_scopes import (
     block_grams,
     kept_coordinates,
     release_whole_head_parts,
+    share_alone,
 )
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
 from lra_cond.conditioning.triangular import BorderedGram
@@ -317,66 +318,106 @@ def _closed_grams(
     alone_later: tuple[bool, ...],
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's factor, a
-    piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). For blocks with a low-rank
-    correction (nystrom's), a pair of pieces of one block is a congruence of its Gram alone
-    (``factored_scopes.block_alone``) by the pieces' transforms relative to it, O (x) M with M = W^-1 v^T
-    on the input side and O = L_b^-1 on the output side: ~(d p)^2 p flops where the correction's Grams
-    take m d (d p)^2 again. A pair across the two blocks is Q's side of such a congruence of Q's
-    coordinates alone against K's piece, that product formed once per K piece (K's only piece is its perp
-    one: half of K's coordinates, where the full cross Gram of the two blocks alone costs twice that: 0.27
-    s a head at the reference shape, measured, against 0.52). Every other pair comes from the factors (T
-    d^2 p^2: cheaper than the congruence without a correction). K's Gram alone is formed only when
-    K's own scope follows (``alone_later``) and shares it: the whole head needs only its perp
-    piece's, from the factors at a quarter of the flops (4 against 17 GFLOP a head at the reference
-    shape), and its pairs with Q's pieces cost the same either way."""
+    piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). When Q has a low-rank correction
+    (nystrom's), a pair of Q's pieces is a congruence of Q's Gram alone (``factored_scopes.block_alone``)
+    by the pieces' transforms relative to it, O (x) M with M = W^-1 v^T on the input side and O = L_Q^-1
+    on the output side: ~(d p)^2 p flops where the correction's Grams take m d (d p)^2 again; a Q piece
+    against K's perp piece is Q's side of such a congruence of Q's coordinates alone against it, that
+    product formed once (no correction products of Q's pieces). K's perp piece with itself comes from the
+    factors (a quarter of K's Gram alone: 4 against 17 GFLOP a head at the reference shape), as does every
+    pair without a correction (T d^2 p^2: cheaper than the congruence). When K's own scope follows
+    (``alone_later``), its Gram alone is a congruence of this one (``_k_alone``), never formed from K's
+    factors."""
     d = closed.d
-    alone = {}  # block -> its Gram alone, for the blocks with a correction
-    for b, f in enumerate(fs):
-        if f.low_rank is not None and (b == 0 or alone_later[b]):  # the complement's factor is Q's
-            alone[b] = block_alone(f, torch.cat([closed.rows[b], closed.perp[b]], 1), x)
-            if b:  # only Q's factors alone meet another piece (``against``): K's Gram is all it needs
-                release_whole_head_parts(f)
-                alone[b] = f.cache["alone"]  # (this dict's own reference would keep them to the end)
+    alone = None  # Q's Gram alone, when Q has a correction
+    if fs[0].low_rank is not None:
+        alone = block_alone(fs[0], torch.cat([closed.rows[0], closed.perp[0]], 1), x)
 
-    def relative(b: int, u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple | None:
-        """Block b's piece with output side ``u_out`` (None: L_b) and input side ``w_in``, as (O, M)
-        relative to the block's Gram alone (O = L_b^-1 u_out, M = W^-1 v^T w_in); None where it
-        has none (then neither solve is needed)."""
-        if b not in alone:
-            return None
-        v, w = alone[b][:2]
-        o = None if u_out is None else torch.linalg.solve(factored.output_side(fs[b]), u_out)
+    def relative(u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple:
+        """Q's piece with output side ``u_out`` (None: L_Q) and input side ``w_in``, as (O, M) relative
+        to Q's Gram alone (O = L_Q^-1 u_out, M = W^-1 v^T w_in)."""
+        v, w = alone[:2]
+        o = None if u_out is None else torch.linalg.solve(factored.output_side(fs[0]), u_out)
         return o, torch.linalg.solve(w, v.T @ w_in)
 
     owner, transform = [], []  # per piece, in ``pieces`` order: perp ones, then the complement's
     for b, (perp, w_perp) in enumerate(zip(closed.perp, w_perps)):
         if w_perp is not None:
             owner.append(b)
-            transform.append(relative(b, None, perp @ w_perp))
+            transform.append(relative(None, perp @ w_perp) if b == 0 and alone is not None else None)
     owner.append(0)  # the complement's factor: Q's, output side U_K
-    transform.append(relative(0, closed.u[1], closed.rows[0]))
+    transform.append(relative(closed.u[1], closed.rows[0]) if alone is not None else None)
     offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
     g = x.new_empty(offsets[-1], offsets[-1])
-    against: dict[int, torch.Tensor] = {}  # piece j of K -> J_Q^T J_j on Q's coordinates alone
+    against: dict[int, torch.Tensor] = {}  # K's piece k -> J_Q^T J_k on Q's coordinates alone
+    left = None  # (O (x) M)^T J_Q^T J_Q of the current Q piece
     for i, pi in enumerate(pieces):
-        left: dict[int, torch.Tensor] = {}  # (O (x) M)^T J_b^T J_b of piece i's owner b
         for j in range(i, len(pieces)):
             rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
-            if transform[i] is None or transform[j] is None:
-                g[rows, cols] = factored.cross_gram(pi, pieces[j])
-            elif owner[i] == owner[j]:
-                if owner[i] not in left:
-                    left[owner[i]] = kron_left(alone[owner[i]][3], *transform[i], d)
-                g[rows, cols] = kron_right(left[owner[i]], *transform[j], d)
-            else:  # Q's piece q against K's piece k
-                q, k = (i, j) if owner[i] == 0 else (j, i)
+            if transform[i] is not None and transform[j] is not None:  # two of Q's pieces
+                if j == i:
+                    left = kron_left(alone[3], *transform[i], d)
+                g[rows, cols] = kron_right(left, *transform[j], d)
+            elif transform[i] is not None or transform[j] is not None:  # Q's piece q against K's piece k
+                q, k = (i, j) if transform[i] is not None else (j, i)
                 if k not in against:
-                    against[k] = factored.cross_gram(alone[0][2], pieces[k])
+                    against[k] = factored.cross_gram(alone[2], pieces[k])
                 block = kron_left(against[k], *transform[q], d)
                 g[rows, cols] = block if q == i else block.T
+            else:
+                g[rows, cols] = factored.cross_gram(pi, pieces[j])
             if j != i:
                 g[cols, rows] = g[rows, cols].T
+    if len(fs) > 1 and fs[1].low_rank is not None and alone_later[1]:
+        perp = owner.index(1) if 1 in owner[:-1] else None
+        blocks = [slice(offsets[i], offsets[i + 1]) for i in (len(pieces) - 1, perp) if i is not None]
+        share_alone(fs[1], *_k_alone(g, blocks, closed, fs, w_perps[1], x))
     return g
+
+
+def _k_alone(
+    g: torch.Tensor,
+    blocks: list[slice],
+    closed: gauge.GaugeComplement,
+    fs: list[Factored],
+    w_perp: torch.Tensor | None,
+    x: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K's Gram alone on its inputs v = [rows_K | perp_K] in ``block_alone``'s coordinates
+    (L_K (x) v W, X v W whitened), as (v, W, Gram), from the head's Gram ``g`` of its pieces (``blocks``:
+    the complement's factor's rows, then K's perp piece's, if any): nothing from K's factors.
+
+    The gauge is null, so K on its gauge inputs moves J as Q does (``gauge.GaugeComplement.factor``):
+    J_K(u^Q_i (x) vh^K_j) = (s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i), the complement factor's column (j, i),
+    and s^Q_i / s^K_j = beta_ij / alpha_ij. So K's rows coordinates (L_K e_b (x) vh^K_j) are those columns
+    mapped by N = U_Q^T L_K on i, and K's perp ones are its perp piece's: K's Gram alone is a congruence
+    of the head's (~1 GFLOP at the reference shape, where its rank-m d correction from K's factors costs
+    ~17). Its rounding, carried over from Q's coordinates, is larger than the formed Gram's: measured at
+    the reference shape, the check's error along sigma_min 8e-11 to 3e-7 against 3e-11 to 1e-9 (kappa
+    1.2e5 to 2.2e6); above kappa ~1e6 sigma_min is refined on the exact J either way (``extremes``)."""
+    d = closed.d
+    n_map = closed.u[0].T @ factored.output_side(fs[1])  # [i, b]
+    ratio = (closed.beta / closed.alpha).T  # [j, i]
+
+    def k_rows(a: torch.Tensor) -> torch.Tensor:  # columns (j, i) of the factor -> K's rows (b, j)
+        return ((a.reshape(-1, d, d) * ratio) @ n_map).transpose(1, 2).reshape(a.shape[0], d * d)
+
+    comp, *perp = blocks
+    rows, perp_in = closed.rows[1], closed.perp[1]
+    v, p, q = torch.cat([rows, perp_in], 1), d + perp_in.shape[1], perp_in.shape[1]
+    # the Gram below is on [rows_K | perp_K W_perp] (the perp piece's inputs), whitened by M: K's inputs
+    # alone are v W with W = diag(I, W_perp) M (M whitens X [rows_K | perp_K W_perp]: no W_perp^-1)
+    m = input_whitening(x @ (v if w_perp is None else torch.cat([rows, perp_in @ w_perp], 1)))
+    w = m if w_perp is None else torch.cat([m[:d], w_perp @ m[d:]])
+    a = g.new_empty(d, p, d, p)
+    a[:, :d, :, :d] = k_rows(k_rows(g[comp, comp]).T).reshape(d, d, d, d)
+    if perp:
+        across = k_rows(g[comp, perp[0]].T).T  # (b, j) x (b', c)
+        a[:, :d, :, d:] = across.reshape(d, d, d, q)
+        a[:, d:, :, :d] = across.T.reshape(d, q, d, d)
+        a[:, d:, :, d:] = g[perp[0], perp[0]].reshape(d, q, d, q)
+    a = a.view(d * p, d * p)
+    return v, w, kron_right(kron_left(a, None, m, d), None, m, d)
 
 
 def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
