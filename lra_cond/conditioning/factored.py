@@ -68,8 +68,8 @@ def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Fac
     low_rank = None
     if f.low_rank is not None:  # Z_j -> L^T Z_j W
         mix, z = f.low_rank
-        z = z if lb is None else torch.matmul(lb.T, z)  # batched over j: ~1.3x an einsum's speed
-        low_rank = (mix, (z.reshape(-1, z.shape[-1]) @ w).view(z.shape[0], z.shape[1], -1))
+        d = z.shape[1]
+        low_rank = (mix, kron_right(z.reshape(z.shape[0], -1), lb, w, d).view(z.shape[0], d, -1))
     out = Factored(f.kind, left, f.right @ w, low_rank)
     if "correction" in f.cache:  # E^T (B (L (x) W)) = (E^T B) (L (x) W), and E^T E Z alike: ~1/3
         out.cache["correction_of"] = (f.cache["correction"], lb, w)  # of their cost from the factors
