@@ -910,8 +910,10 @@ def test_pinv_output_jacobian_equals_reverse_mode(iterations: int) -> None:
     for mat in (a, tied, spread, singular):
         right = torch.randn(mat.shape[0], 4, generator=gen, dtype=torch.float64)
         reference = torch.func.jacrev(lambda m, r=right: iterative_pinv(m, iterations) @ r)(mat)
-        got = pinv_output_jacobian(mat, right, iterations)
-        torch.testing.assert_close(got, reference, rtol=0, atol=1e-13 * float(reference.abs().max()))
+        got = pinv_output_jacobian(mat, right, iterations)  # [r, r', c, t]: reference's [r', c, r, t]
+        torch.testing.assert_close(
+            got, reference.permute(2, 0, 1, 3), rtol=0, atol=1e-13 * float(reference.abs().max())
+        )
 
 
 @pytest.mark.parametrize("blocks", [["k"], ["v"], ["k", "v"]])

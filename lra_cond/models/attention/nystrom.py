@@ -124,7 +124,8 @@ def _e_step_dd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:  # P[p, q]
 
 def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) -> torch.Tensor:
     """d (Z R)[r', c] / d A[r, t] for Z = ``iterative_pinv(A, iterations)`` of one (m, m) matrix and a
-    fixed R (m, n): (m, n, m, m), the iteration differentiated exactly, in closed form.
+    fixed R (m, n), as [r, r', c, t] (m, m, n, m): the iteration differentiated exactly, in closed form.
+    (The layout its caller contracts per r: ``NystromAttention.head_jacobian_parts``.)
 
     Z = V g(Sigma) U^T is a function of A's singular values (see the step polynomials above), so
     for fixed scale its derivative is, with E = U^T dA V (Daleckii-Krein on A's symmetric dilation),
@@ -174,17 +175,19 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     g_mean = torch.where(pair > 0, (g[:, None] + g[None, :]) / torch.where(pair > 0, pair, 1.0), g_dd)
     d_minus, d_plus = (g_dd - g_mean) / 2, (g_dd + g_mean) / 2
     # dA = e_r e_t^T: E_ij = U[r, i] V[t, j]; with M = U^T R,
-    # out[p, c, r, t] = sum_i V[p, i] (U[r, i] X_-[i, t, c] + V[t, i] X_+[i, r, c]),
+    # out[r, p, c, t] = sum_i V[p, i] (U[r, i] X_-[i, t, c] + V[t, i] X_+[i, r, c]),
     # X_-[i, t, c] = sum_j D_-[i, j] V[t, j] M[j, c], X_+[i, r, c] = sum_j D_+[i, j] U[r, j] M[j, c]
     mm = u.T @ right
-    x_minus = (d_minus[:, None, :] * v[None]) @ mm
-    x_plus = (d_plus[:, None, :] * u[None]) @ mm
-    vu = (v[:, None, :] * u[None]).reshape(m * m, m)  # [(p, r), i]
+    x_minus = ((d_minus[:, None, :] * v[None]) @ mm).transpose(1, 2)  # [i, c, t]
+    x_plus = (d_plus[:, None, :] * u[None]) @ mm  # [i, r, c]
+    uv = (u[:, None, :] * v[None]).reshape(m * m, m)  # [(r, p), i]
     vv = (v[:, None, :] * v[None]).reshape(m * m, m)  # [(p, t), i]
-    out = a.new_empty(m, n, m, m)  # both terms' layouts permuted into it in one pass
+    out = a.new_empty(m, m, n, m)
+    # the first term lands in out's layout; the second as [r, c, p, t], its middle pair swapped in the
+    # one pass (a permute of whole rows of t, where [r', c, r, t] took two of single entries: 2.3x)
     torch.add(
-        (vu @ x_minus.reshape(m, -1)).view(m, m, m, n).permute(0, 3, 1, 2),
-        (vv @ x_plus.reshape(m, -1)).view(m, m, m, n).permute(0, 3, 2, 1),
+        (uv @ x_minus.reshape(m, -1)).view(m, m, n, m),
+        (x_plus.reshape(m, -1).T @ vv.T).view(m, n, m, m).transpose(1, 2),
         out=out,
     )
     sign = torch.sign(a)
@@ -192,7 +195,9 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     d_scale = sign * (norm_inf * col_max[None, :] / col_max.sum() + norm_1 * row_max[:, None] / row_max.sum())
     z_scale = (v * g_scale) @ mm  # d (Z R) / d (1 / scale)
     alpha = -1 / float(scale) ** 2
-    out.view(m * n, m * m).addmm_(z_scale.reshape(-1, 1), d_scale.reshape(1, -1), alpha=alpha)
+    out.view(m, m * n, m).baddbmm_(
+        z_scale.reshape(1, -1, 1).expand(m, -1, -1), d_scale.view(m, 1, m), alpha=alpha
+    )
     return out
 
 
@@ -366,12 +371,12 @@ class NystromAttention(Attention, name="nystrom"):
             # Psi: d(Z BV) / dA [r', a, r, t] through A's softmax rows: dA[r, t] = A[r, t] (ds[r, t] -
             # sum_t' A[r, t'] ds[r, t']), with the scores s q~_r . k~_t = s x~_r W_Q^T W_K x~_t. Both
             # blocks contract t first, so the weighted and centred (r, t) tensors are never formed:
-            # Y[r, (r', a), :] = sum_t jz[r', a, r, t] A[r, t] (w[t] - (A w)[r]), w = [K~ | X~]
+            # Y[r, (r', a), :] = sum_t jz[r, r', a, t] A[r, t] (w[t] - (A w)[r]), w = [K~ | X~]
             jz = pinv_output_jacobian(a, bv, self.pinv_iterations)
             ws = [w for b, w in (("q", k_l), ("k", x_l)) if b in parts]
             w = torch.cat(ws, 1)
             weights = a[:, :, None] * (w[None] - (a @ w)[:, None])  # [r, t, :]
-            y = torch.matmul(jz.view(m * d, m, m).transpose(0, 1), weights)  # [r, (r', a), :]
+            y = torch.matmul(jz.view(m, m * d, m), weights)  # [r, (r', a), :]
             mixing = jac.TokenMixing(f, d)  # every landmark term reaches token i as F_i (Psi + Z B')
             if "q" in parts:
                 g_f = jac.softmax_query_factor(f, k_l, hv, s)
