@@ -182,7 +182,7 @@ def apply(f: Factored, v: torch.Tensor, d: int) -> torch.Tensor:
         out = (f.right @ w).reshape(t * d, k)
     if f.low_rank is not None:
         mix, z = f.low_rank
-        out = out + mix.apply(z.reshape(z.shape[0], -1) @ v)
+        out = out + mix.apply(matvec(z.reshape(z.shape[0], -1), v))
     return out
 
 
