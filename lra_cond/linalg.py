@@ -54,14 +54,15 @@ def normal_draws(
     return torch.randn(*shape, generator=gen, dtype=dtype, device="cpu").to(device)
 
 
-def matvec(m: torch.Tensor, v: torch.Tensor, few: int = 8) -> torch.Tensor:
-    """m @ v for a matrix applied to a few columns, as (v^T m^T)^T: the same sums, which this CPU's
-    BLAS runs faster from either layout of m. From a column-major m (LAPACK's factors, the transpose
-    of a row-major one) m @ v ran ~3x slower (measured at n = 3136, 6 columns: 9.7 against 3.0 ms;
-    a row-major copy costs ~16 products); from a row-major one, at up to ``few`` columns, 1.3-1.8x
-    (4 columns: 2048 x 2080 1.7 against 3.0 ms, 4160^2 9.0 against 12.2, 8192 x 2080 8.4 against
-    12.1; equal at 1 column, mixed at 36)."""
-    if v.shape[-1] <= few or (m.stride(0) == 1 and m.stride(1) != 1):
+def matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """m @ v for a matrix applied to a few columns, as (v^T m^T)^T where this CPU's BLAS runs that
+    faster (the same sums): from a column-major m (LAPACK's factors, the transpose of a row-major
+    one) m @ v ran ~3x slower (measured at n = 3136, 6 columns: 9.7 against 3.0 ms; a row-major copy
+    costs ~16 products); from a row-major one, at 4 or 8 columns (Lanczos' blocks) 1.5-1.9x
+    (2048 x 2080, 4 columns: 1.7 against 2.9 ms; 2048 x 3040: 2.3 against 4.3), where at 2, 3, 6 or
+    7 it ran 1.1-1.8x slower (a property of the BLAS kernels, measured on a 2-core AMD EPYC)."""
+    col_major = m.stride(0) == 1 and m.stride(1) != 1
+    if col_major or v.shape[-1] in (4, 8):
         return (v.T @ m.T).T
     return m @ v
 
