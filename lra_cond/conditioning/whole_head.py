@@ -206,7 +206,9 @@ def _schur_whitened(
             r_c.T, torch.linalg.solve_triangular(r_c, h_cc, upper=True, left=False), upper=False
         )
     h_pp = gram(top_p, add_to=g_pp, alpha=-1.0)  # in place: no second such matrix
-    h_pc = torch.linalg.solve_triangular(r_c, g_pc - top_p.T @ top_c, upper=True, left=False)
+    h_pc = torch.linalg.solve_triangular(
+        r_c, torch.addmm(g_pc, top_p.T, top_c, alpha=-1.0), upper=True, left=False
+    )
     return BorderedGram(h_pp, h_pc, cc), r_c
 
 
