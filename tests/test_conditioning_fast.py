@@ -434,7 +434,7 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
     given, real = [], extremes.solve
 
     def spy(rows, t, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if kwargs.get("refine"):
+        if kwargs.get("refine") and args[0] is not None:  # a whole head's (K's own scope refines too)
             g = kwargs["g"]  # (a bordered Gram's block is overwritten when it is factored)
             given.append((rows, t, g.formed() if isinstance(g, BorderedGram) else g.clone()))
         return real(rows, t, *args, **kwargs)
@@ -478,13 +478,22 @@ def test_the_whole_head_shares_k_s_gram_alone_as_a_congruence_of_its_own(
         shared.append((gram, factored.cross_gram(own, own)))
         return v, w, gram
 
+    refined, real_scope = [], factored_scopes.factored_scope
+
+    def scope_spy(f, *args):  # noqa: ANN001, ANN002, ANN202
+        out = real_scope(f, *args)
+        refined.append((f.kind, out[-1]))  # sigma_min from the exact J: only for a shared Gram
+        return out
+
     monkeypatch.setattr(whole_head, "block_alone", spy)
     monkeypatch.setattr(whole_head, "_k_alone", k_spy)
+    monkeypatch.setattr(factored_scopes, "factored_scope", scope_spy)
     alone = jacobian_condition(layer, x, per_block=False)
     assert formed == ["query_local"] * 2 and not shared  # one a head
     formed.clear()
     both = jacobian_condition(layer, x)
     assert formed == ["query_local"] * 2 and len(shared) == 2
+    assert sorted(refined) == [("outer", True)] * 2 + [("query_local", False)] * 2
     for gram, own in shared:
         torch.testing.assert_close(gram, own, rtol=0, atol=1e-12 * float(own.abs().max()))
     dense = jacobian_condition(layer, x, method="dense")

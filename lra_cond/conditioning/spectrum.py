@@ -250,8 +250,12 @@ def head_spectra(
             out[scope] = extremes.solve([main], t, value, verified, rtol, method)
             continue
         if scope in factors and sb == [scope] and not extra:  # one factored block
-            exact, t, g, left_null = factored_scopes.factored_scope(factors[scope], basis, d, dim, x_real)
-            out[scope] = extremes.solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
+            exact, t, g, left_null, refine = factored_scopes.factored_scope(
+                factors[scope], basis, d, dim, x_real
+            )
+            out[scope] = extremes.solve(
+                exact, t, None, verified, rtol, method, g=g, null=left_null, refine=refine
+            )
             continue
         raw = [jac.block(b) for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept

@@ -396,7 +396,7 @@ def _k_alone(
     of the head's (~1 GFLOP at the reference shape, where its rank-m d correction from K's factors costs
     ~17). Its rounding, carried over from Q's coordinates, is larger than the formed Gram's: measured at
     the reference shape, the check's error along sigma_min 8e-11 to 3e-7 against 3e-11 to 1e-9 (kappa
-    1.2e5 to 2.2e6); above kappa ~1e6 sigma_min is refined on the exact J either way (``extremes``)."""
+    1.2e5 to 2.2e6): K's own scope refines sigma_min on the exact J (``factored_scopes.share_alone``)."""
     d = closed.d
     n_map = closed.u[0].T @ factored.output_side(fs[1])  # [i, b]
     ratio = (closed.beta / closed.alpha).T  # [j, i]
