@@ -681,7 +681,8 @@ def test_preconditioner_pieces_are_consistent() -> None:
 def test_gram_is_a_transpose_a() -> None:
     a = torch.randn(50, 700, dtype=torch.float64)
     torch.testing.assert_close(linalg.gram(a), a.T @ a)
-    for n in (4200, 700, 300):  # diagonal panels in panels, panels, one product below 512 columns
+    # diagonal panels in panels, two panels (none narrower than 384 columns), one, one product below 512
+    for n in (4200, 1024, 700, 300):
         b, c = torch.randn(40, n, dtype=torch.float64), torch.randn(n, n, dtype=torch.float64)
         sym = c + c.T
         out = linalg.gram(b, add_to=sym.clone(), alpha=0.5)
