@@ -39,8 +39,7 @@ def _output_side(f: Factored) -> torch.Tensor:
         m = torch.einsum("ib,ie,i->be", f.left, f.left, f.right.square().sum((1, 2)))
     if f.low_rank is not None:  # + the same sum over c of Z^T V + V^T Z (see ``cross_gram``)
         z = f.low_rank[1]
-        eb, eez = _correction_products(f)
-        zv = sum_over_inputs(z.reshape(z.shape[0], -1), torch.add(eb, eez, alpha=0.5), z.shape[1])
+        zv = sum_over_inputs(z.reshape(z.shape[0], -1), _correction_products(f)[1], z.shape[1])
         m = m + zv + zv.T
     return inverse_cholesky_t(m)
 
@@ -77,8 +76,9 @@ def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Fac
 
 
 def _correction_products(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E^T B, E^T E Z), each (r, d p), for a corrected block J = B + E Z: every Gram with the
-    block needs them, so they are formed once per block (kept in its cache)."""
+    """(E^T B, V = E^T B + E^T E Z / 2), each (r, d p), for a corrected block J = B + E Z: every Gram
+    with the block needs them (its own: J^T J = B^T B + Z^T V + V^T Z), so they are formed once per
+    block (kept in its cache)."""
     if "correction" not in f.cache:
         if "correction_of" in f.cache:  # its block's, carried by ``preconditioned``: formed only
             products, lb, w = f.cache.pop("correction_of")  # when asked (most pieces never are)
@@ -86,7 +86,8 @@ def _correction_products(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
             f.cache["correction"] = tuple(kron_right(c, lb, w, d) for c in products)
         else:
             mix, z = f.low_rank  # type: ignore[misc]
-            f.cache["correction"] = (_mix_t_base(mix, f.base), mix.cross(mix, z.reshape(z.shape[0], -1)))
+            eb = _mix_t_base(mix, f.base)
+            f.cache["correction"] = (eb, mix.cross(mix, z.reshape(z.shape[0], -1)).mul_(0.5).add_(eb))
     return f.cache["correction"]
 
 
@@ -129,16 +130,16 @@ def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
     g = _base_cross_gram(f1.base, f2.base)
     if f1 is f2 and f1.low_rank is not None:  # J^T J = B^T B + Z^T V + (Z^T V)^T, V = E^T B + E^T E Z / 2
         z2 = f1.low_rank[1].reshape(f1.low_rank[1].shape[0], -1)
-        eb, eez = _correction_products(f1)
-        zv = z2.T @ torch.add(eb, eez, alpha=0.5)
+        zv = z2.T @ _correction_products(f1)[1]
         return g.add_(zv).add_(zv.T)  # (g is this call's own: no 33 MB temporaries at 2048 columns)
     mix1 = None if f1.low_rank is None else f1.low_rank[0]
     mix2 = None if f2.low_rank is None else f2.low_rank[0]
     shared = mix1 is not None and mix1 is mix2
     if mix1 is not None:
         z1 = f1.low_rank[1]  # type: ignore[index]
-        if shared:
-            v = torch.add(*_correction_products(f2))
+        if shared:  # E^T B2 + E^T E Z2 = 2 V2 - E^T B2
+            eb2, v2 = _correction_products(f2)
+            v = v2.mul(2.0).sub_(eb2)
         else:
             v = _mix_t_base(mix1, f2.base)
             if mix2 is not None:
