@@ -1308,6 +1308,26 @@ def test_factored_products_equal_the_dense_block() -> None:
                 torch.testing.assert_close(got, (j @ w_narrow).T @ k, rtol=1e-12, atol=1e-12)
 
 
+def test_mixing_cross_products_equal_the_dense_corrections() -> None:
+    """E^T E' m of both kinds of correction (token mixing F (x) I_d, a dense E), with each other and
+    with themselves, and add_to + alpha E^T E' m, equal the products of their dense matrices."""
+    from lra_cond.models.attention.jacobian import DenseMixing, TokenMixing
+
+    gen = torch.Generator().manual_seed(4)
+    t, m, d, k = 9, 3, 2, 5
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)  # noqa: E731
+    token, token2 = TokenMixing(randn(t, m), d), TokenMixing(randn(t, m), d)
+    dense, dense2 = DenseMixing(randn(t, d, m * d)), DenseMixing(randn(t, d, m * d))
+    flat = {id(e): e.dense().reshape(t * d, -1) for e in (token, token2, dense, dense2)}
+    v, base = randn(m * d, k), randn(m * d, k)
+    for e, e2 in itertools.product((token, dense), (token, token2, dense, dense2)):
+        want = flat[id(e)].T @ flat[id(e2)] @ v
+        torch.testing.assert_close(e.cross(e2, v), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(
+            e.cross(e2, v, add_to=base, alpha=0.5), base + 0.5 * want, rtol=1e-12, atol=1e-12
+        )
+
+
 @pytest.mark.parametrize("same", [True, False])
 def test_sum_over_inputs_contracts_rows_and_inputs(same: bool) -> None:
     """sum_j,c a[j, (b, c)] b[j, (e, c)] in chunks of rows (a row count no chunk divides) equals the

@@ -87,7 +87,7 @@ def _correction_products(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
         else:
             mix, z = f.low_rank  # type: ignore[misc]
             eb = _mix_t_base(mix, f.base)
-            f.cache["correction"] = (eb, mix.cross(mix, z.reshape(z.shape[0], -1)).mul_(0.5).add_(eb))
+            f.cache["correction"] = (eb, mix.cross(mix, z.reshape(z.shape[0], -1), add_to=eb, alpha=0.5))
     return f.cache["correction"]
 
 
