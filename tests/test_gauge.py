@@ -39,7 +39,16 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     structure = gauge.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
     closed = gauge.complement(structure, ["q", "k"], k, d, dim)
     assert closed is not None
-    basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
+    comp, operator = closed.comp(), closed.comp_operator()  # the operator never forms comp
+    v, y = (torch.randn(n, 4, generator=gen, dtype=torch.float64) for n in (d * d, 2 * d * d))
+    assert operator.shape == comp.shape and operator.T.shape == comp.T.shape
+    torch.testing.assert_close(operator @ v, comp @ v, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(operator.T @ y, comp.T @ y, rtol=1e-13, atol=1e-13)
+    basis = Deflation(closed.perp, closed.rows, operator, d)
+    u = torch.randn(basis.n, 4, generator=gen, dtype=torch.float64)
+    formed = Deflation(closed.perp, closed.rows, comp, d)
+    torch.testing.assert_close(basis.apply(u), formed.apply(u), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(basis.apply_t(formed.apply(u)), u, rtol=1e-12, atol=1e-12)
     b = basis.apply(torch.eye(basis.n, dtype=torch.float64))  # the basis in the blocks' layout
     assert b.shape == (2 * d * dim, 2 * d * dim - k)
     assert torch.allclose(b.T @ b, torch.eye(b.shape[1], dtype=torch.float64), atol=1e-13)

@@ -35,12 +35,13 @@ class Deflation:
     """An orthonormal basis B of N^perp in a Kronecker layout: per block, the input side rotated
     (``perp`` (D', p_b): coordinates free of null directions, kept as they are; ``par`` (D', s_b):
     the null directions' input span), and ``comp`` (sum_b d s_b, n_c): an orthonormal complement
-    of the null directions inside the par coordinates. Columns: every block's perp coordinates
+    of the null directions inside the par coordinates (a tensor, or an operator with ``shape``,
+    ``@`` and ``.T``: ``gauge.ComplementColumns``). Columns: every block's perp coordinates
     (d x p_b each), then the complement."""
 
     perp: list[torch.Tensor]
     par: list[torch.Tensor]
-    comp: torch.Tensor
+    comp: torch.Tensor | gauge.ComplementColumns
     d: int
 
     @property
@@ -50,7 +51,7 @@ class Deflation:
     def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
         d, k = self.d, v.shape[1]
         n_perp = sum(d * p.shape[1] for p in self.perp)
-        par = matvec(self.comp, v[n_perp:])
+        par = rows_product(self.comp, v[n_perp:])
         out, col, pcol = [], 0, 0
         for perp, par_in in zip(self.perp, self.par):
             wp, ws = d * perp.shape[1], d * par_in.shape[1]
@@ -68,7 +69,7 @@ class Deflation:
             perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
             pars.append(torch.einsum("cj,ack->ajk", par_in, block).reshape(-1, k))
             start += d * perp.shape[0]
-        return torch.cat([*perps, matvec(self.comp.T, torch.cat(pars))])
+        return torch.cat([*perps, rows_product(self.comp.T, torch.cat(pars))])
 
 
 def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
@@ -169,7 +170,9 @@ class MetricDeflation:
         return torch.cat([self.metric.inverse_root(out[: self.n_q]), out[self.n_q :]])
 
 
-def rows_product(m: torch.Tensor | DeflatedRows | _Transposed, v: torch.Tensor) -> torch.Tensor:
+def rows_product(
+    m: torch.Tensor | DeflatedRows | _Transposed | gauge.ComplementColumns, v: torch.Tensor
+) -> torch.Tensor:
     """m @ v for a dense matrix (either layout, ``matvec``) or an operator."""
     return matvec(m, v) if isinstance(m, torch.Tensor) else m @ v
 
