@@ -39,7 +39,11 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     structure = gauge.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
     closed = gauge.complement(structure, ["q", "k"], k, d, dim)
     assert closed is not None
-    comp, operator = closed.comp(), closed.comp_operator()  # the operator never forms comp
+    operator = closed.comp()  # never formed: against its columns formed here from their definition
+    eye = torch.eye(d, dtype=torch.float64)
+    on_q = torch.einsum("bj,ci,ij->bcij", closed.u[1], eye, closed.alpha).reshape(d * d, d * d)
+    on_k = torch.einsum("bi,cj,ij->bcij", closed.u[0], eye, closed.beta).reshape(d * d, d * d)
+    comp = torch.cat([on_q, on_k])
     v, y = (torch.randn(n, 4, generator=gen, dtype=torch.float64) for n in (d * d, 2 * d * d))
     assert operator.shape == comp.shape and operator.T.shape == comp.T.shape
     torch.testing.assert_close(operator @ v, comp @ v, rtol=1e-13, atol=1e-13)

@@ -136,7 +136,7 @@ def share_alone(f: Factored, v: torch.Tensor, w: torch.Tensor, g: torch.Tensor) 
 def release_whole_head_parts(f: Factored) -> None:
     """Drop from the cache of a block whose Gram alone its whole head formed or shared
     (``block_alone``, ``share_alone``) what only that head reads, once it no longer does (before the
-    head's solve): the correction's products (E^T B, E^T E Z) and the preconditioned factors of the
+    head's solve): the correction's products (E^T B, V) and the preconditioned factors of the
     block alone. The Gram alone, its input side and the output side
     stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
     attention's K, are read again by their own scopes). Measured at the reference shape (nystrom,

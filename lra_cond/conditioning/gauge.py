@@ -132,14 +132,10 @@ class GaugeComplement:
     def d(self) -> int:
         return self.alpha.shape[0]
 
-    def comp(self) -> torch.Tensor:
-        """The d^2 columns as a dense (2 d^2, d^2) matrix on the blocks' ``rows`` coordinates
-        (rows (b, c): output b, input ``rows[:, c]``), for operators (a few MFLOP per product)."""
-        d, (u_q, u_k) = self.d, self.u
-        eye = torch.eye(d, dtype=u_q.dtype, device=u_q.device)
-        on_q = torch.einsum("bj,ci,ij->bcij", u_k, eye, self.alpha).reshape(d * d, d * d)
-        on_k = torch.einsum("bi,cj,ij->bcij", u_q, eye, self.beta).reshape(d * d, d * d)
-        return torch.cat([on_q, on_k])
+    def comp(self) -> ComplementColumns:
+        """The d^2 columns on the blocks' ``rows`` coordinates (rows (b, c): output b, input
+        ``rows[:, c]``), (2 d^2, d^2), as an operator: never formed (``ComplementColumns``)."""
+        return ComplementColumns(self)
 
     def factor(self, fs: list[Factored]) -> Factored:
         """J_Q (U_K (x) Vh_Q^T) (columns (j, i)): the complement's columns of J, up to ``scale``.
@@ -150,10 +146,6 @@ class GaugeComplement:
         (alpha_ij + beta_ij s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i) = J_Q(u^K_j (x) vh^Q_i) / alpha_ij.
         One block's factor, not two: the complement's Grams with K need K's perp columns only."""
         return factored.preconditioned(fs[0], self.u[1], self.rows[0])
-
-    def comp_operator(self) -> ComplementColumns:
-        """``comp`` as an operator (``ComplementColumns``)."""
-        return ComplementColumns(self)
 
     def scale(self, m: torch.Tensor) -> torch.Tensor:
         """M comp from M's products with ``factor``'s columns (n, d^2): reindexed (j, i) -> (i, j)
@@ -167,7 +159,7 @@ class GaugeComplement:
 
 
 class ComplementColumns:
-    """``GaugeComplement.comp`` applied through U_Q, U_K and the scales, never formed: on Q's rows
+    """``GaugeComplement.comp``'s columns applied through U_Q, U_K and the scales, never formed: on Q's rows
     coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's beta_ij U_Q[b, i] [c = j],
     so a product with k columns costs ~4 d^3 k flops where the dense (2 d^2, d^2) matrix reads 2 d^4
     entries (16.8 MB at d = 32), twice per product of a whole head's exact rows."""
