@@ -13,7 +13,7 @@ from lra_cond.errors import UserError
 from lra_cond.models.attention import ATTENTIONS, build_attention, explicit_math
 from lra_cond.models.attention.nystrom import iterative_pinv, sequence_conv
 from lra_cond.models.attention.sdpa import attend
-from lra_cond.models.encoder import padding_mask
+from lra_cond.models.encoder import Encoder, EncoderConfig, padding_mask
 from tests.conftest import DEVICES
 
 FAMILIES = ATTENTIONS.names()
@@ -99,6 +99,8 @@ def test_nystrom_example_shorter_than_landmarks_uses_one_landmark_per_real_token
     x = inputs(2, 10)
     out = batched(x, key_padding_mask=padding_mask(torch.tensor([10, 5]), 10))
     torch.testing.assert_close(out[1, :5], alone(x[1:, :5])[0], atol=1e-12, rtol=0)
+    # The same example in a batch of its own, shorter than the 8 landmarks: the same output.
+    torch.testing.assert_close(batched(x[1:, :5])[0], out[1, :5], atol=1e-12, rtol=0)
 
 
 def test_nystrom_landmarks_are_segment_means_of_real_tokens():
@@ -281,8 +283,11 @@ def test_bad_input_gives_one_line_errors_naming_the_valid_choice():
     assert all(name in message for name in FAMILIES)
     for name in FAMILIES:
         assert "choose num_heads among [1, 2, 3, 6, 9, 18]" in one_line_error(build_attention, name, 18, 4)
-    message = one_line_error(make("nystrom", num_landmarks=8), inputs(1, 6))
-    assert "num_landmarks=8 exceeds the sequence length 6" in message and "num_landmarks <= 6" in message
+    config = EncoderConfig(vocab_size=16, max_len=6, num_classes=2, dim=DIM, num_heads=HEADS)
+    config.attention, config.attention_options = "nystrom", {"num_landmarks": 8}
+    message = one_line_error(Encoder, config)
+    assert "num_landmarks=8 exceeds the model's maximum sequence length 6" in message
+    assert "num_landmarks <= 6" in message
     message = one_line_error(build_attention, "nystrom", DIM, HEADS, num_landmark=4)
     assert "unknown option(s) num_landmark" in message and "num_landmarks" in message
     assert "odd" in one_line_error(make, "nystrom", conv_kernel=4)

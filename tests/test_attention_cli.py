@@ -36,6 +36,8 @@ def test_tiny_fit(attention, init, tiny_listops, tmp_path):
 
 def test_too_many_landmarks_is_a_one_line_error(tiny_listops, tmp_path):
     args = ["fit", "--task", "listops", "--attention", "nystrom", *TINY_FIT, *FAST]
-    args += ["--model.attention_args", '{"num_landmarks": 1000}']
+    args += ["--model.attention_args", '{"num_landmarks": 4000}']
     result = run_cli(args, tmp_path, env={"LRA_DATA": str(tiny_listops)})
-    assert_one_line_error(result, "nystrom attention: num_landmarks=1000 exceeds the sequence length")
+    assert_one_line_error(
+        result, "nystrom attention: num_landmarks=4000 exceeds the model's maximum sequence length 2000"
+    )

@@ -103,9 +103,9 @@ CATALOGUE = [
     entry("zero checkpoint cadence", [*FIT, "--checkpoint_every", "0"], "checkpoint_every must be positive"),
     entry("heads do not divide dim", [*FIT, "--model.num_heads", "3"], "num_heads=3 does not divide dim=64"),
     entry(
-        "landmarks > sequence length",
-        [*FIT, "--attention", "nystrom", "--model.attention_args", '{"num_landmarks": 512}'],
-        "num_landmarks=512 exceeds the sequence length",
+        "landmarks > maximum length",
+        [*FIT, "--attention", "nystrom", "--model.attention_args", '{"num_landmarks": 4000}'],
+        "num_landmarks=4000 exceeds the model's maximum sequence length 2000",
         needs("nystrom" in ATTENTIONS, "the nystrom attention"),
     ),
     entry(

@@ -1,4 +1,5 @@
-"""The encoder's Dropout against torch's nn.Dropout (the reference it must reproduce)."""
+"""The encoder's Dropout: its keep-rate and scaling against the rate it states, its masks against
+a direct reading of the random words it draws, and eval mode against torch's nn.Dropout."""
 
 from __future__ import annotations
 
@@ -6,15 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from lra_cond.models.dropout import Dropout
-
-
-def _bernoulli_draws_float64_uniforms() -> bool:
-    """Whether torch's CPU bernoulli_ here takes one float64 uniform per element (not MKL's stream)."""
-    torch.manual_seed(0)
-    mask = torch.empty(1000).bernoulli_(0.5)
-    torch.manual_seed(0)
-    return torch.equal(mask, (torch.rand(1000, dtype=torch.float64) < 0.5).float())
+from lra_cond.models.dropout import Dropout, keep_mask, quantized_rate
 
 
 def run(layer: nn.Module, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...]:
@@ -25,25 +18,44 @@ def run(layer: nn.Module, x: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...
     return out, grad, torch.rand(4)  # the last: where the generator was left
 
 
-@pytest.mark.skipif(not _bernoulli_draws_float64_uniforms(), reason="bernoulli_ uses MKL's generator here")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_training_output_gradient_and_generator_state_equal_nn_dropout(dtype):
-    x = torch.randn(3, 50, 8, dtype=dtype, generator=torch.Generator().manual_seed(1))
-    ours = run(Dropout(0.1).train(), x, seed=4)
-    ref = run(nn.Dropout(0.1).train(), x, seed=4)
-    for a, b in zip(ours, ref):
-        assert torch.equal(a, b)
-
-
-def test_keeps_about_1_minus_p_and_scales_kept_values_as_nn_dropout():
-    p, n = 0.3, 200_000
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_keeps_1_minus_the_quantized_rate_and_scales_kept_values_unbiased(p):
+    n = 400_000
     x = torch.rand(n, generator=torch.Generator().manual_seed(2)) + 1.0  # nonzero everywhere
     out, grad, _ = run(Dropout(p).train(), x, seed=5)
     kept = out != 0
-    assert abs(kept.float().mean().item() - (1 - p)) < 5 * ((p * (1 - p) / n) ** 0.5)
-    scale = torch.ones(1).div_(1 - p)  # nn.Dropout's float32 scale
-    torch.testing.assert_close(out[kept], x[kept] * scale, atol=0, rtol=0)
-    torch.testing.assert_close(grad, kept * scale * torch.linspace(-1, 1, n), atol=0, rtol=0)
+    rate = quantized_rate(p)
+    assert abs(rate - p) <= 2**-17
+    assert abs(kept.float().mean().item() - (1 - rate)) < 5 * ((rate * (1 - rate) / n) ** 0.5)
+    scale = 1.0 / (1.0 - rate)
+    torch.testing.assert_close(out[kept], x[kept] * scale, atol=0, rtol=1e-6)
+    torch.testing.assert_close(grad, kept * scale * torch.linspace(-1, 1, n), atol=0, rtol=1e-6)
+    assert abs(out.mean().item() / x.mean().item() - 1) < 5 * (rate / (1 - rate) / n) ** 0.5  # unbiased
+
+
+def test_mask_reads_four_16_bit_draws_per_random_word():
+    # A direct reading: the generator's int64 words, split into little-endian 16-bit halves, each
+    # compared with round(p * 2**16) after shifting to 0..65535.
+    gen = torch.Generator().manual_seed(7)
+    mask = keep_mask((3, 10), 0.25, torch.float64, gen)
+    words = torch.empty(3, 3, dtype=torch.int64).random_(
+        -(2**63), None, generator=torch.Generator().manual_seed(7)
+    )
+    draws = [[(int(w) >> (16 * j)) & 0xFFFF for w in row for j in range(4)][:10] for row in words.tolist()]
+    expected = torch.tensor(
+        [[float(((d + 32768) & 0xFFFF) >= 16384) for d in row] for row in draws], dtype=torch.float64
+    )
+    assert torch.equal(mask, expected)
+
+
+def test_same_seed_same_mask_and_the_default_generator_moves_on():
+    x = torch.randn(4, 50, 8)
+    a, b = run(Dropout(0.1).train(), x, seed=3), run(Dropout(0.1).train(), x, seed=3)
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
+    c = run(Dropout(0.1).train(), x, seed=4)
+    assert not torch.equal(a[0], c[0])
+    torch.manual_seed(3)
+    assert not torch.equal(a[2], torch.rand(4))  # the draws advanced the generator
 
 
 @pytest.mark.parametrize(("p", "train"), [(0.1, False), (0.0, True), (1.0, True)])

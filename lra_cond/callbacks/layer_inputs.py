@@ -11,6 +11,7 @@ from torch import nn
 
 from lra_cond.data.documents import LENGTH, is_ids, length_key
 from lra_cond.models.attention.base import Attention, attention_layers
+from lra_cond.models.encoder import padded_batches
 
 
 def take_probe_batch(batches: Iterable[dict[str, torch.Tensor]], tokens: int) -> dict[str, torch.Tensor]:
@@ -76,7 +77,8 @@ def capture_layer_inputs(
     """Run ``model(batch)`` and return, per attention layer in order, (layer, x, key_padding_mask).
 
     A layer called more than once (the two documents of a pair task) gets its inputs stacked along
-    the batch axis, padded to a common length and masked.
+    the batch axis, padded to a common length and masked. The model runs its batch whole, padded to
+    the longest sequence (``padded_batches``), so the layers see the probe's sequences in its order.
     """
     layers = [m for _, m in attention_layers(model)]
     seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {id(m): [] for m in layers}
@@ -90,7 +92,7 @@ def capture_layer_inputs(
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in layers]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), padded_batches(model):
             model(batch)
     finally:
         for h in handles:

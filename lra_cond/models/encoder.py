@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from lra_cond.errors import UserError
 from lra_cond.models.attention import build_attention
 from lra_cond.models.dropout import Dropout
+from lra_cond.models.length_groups import length_groups
 
 
 @dataclass
@@ -63,7 +67,12 @@ class Block(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Token + learned position embeddings, pre-LN blocks, final LayerNorm, masked mean pool."""
+    """Token + learned position embeddings, pre-LN blocks, final LayerNorm, masked mean pool.
+
+    A batch runs as groups of similar length, each padded only to its own longest (``length_groups``),
+    unless ``group_by_length`` is off (``padded_batches``): one sub-batch padded to the batch's longest,
+    as the reference computes it. Per example, both give the same output.
+    """
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
@@ -73,17 +82,53 @@ class Encoder(nn.Module):
         self.drop = Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.dim)
+        self.group_by_length = True
+        problem = self.blocks[0].attn.max_len_problem(cfg.max_len) if cfg.depth else None
+        if problem:
+            raise UserError(f"{cfg.attention} attention: {problem}")
 
     def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         n = input_ids.shape[1]
         if n > self.cfg.max_len:
             raise ValueError(f"sequence length {n} exceeds max_len {self.cfg.max_len}")
+        if not self.group_by_length or input_ids.shape[0] < 2:
+            return self.encode(input_ids, lengths)
+        groups = length_groups(lengths.clamp(max=n).tolist())
+        if len(groups) == 1:
+            return self.encode(input_ids, lengths)
+        pooled = []
+        for rows in groups:
+            index = torch.tensor(rows, device=input_ids.device)
+            group_lengths = lengths[index]
+            longest = max(1, int(group_lengths.max()))
+            pooled.append(self.encode(input_ids[index, :longest], group_lengths))
+        position = torch.tensor([i for rows in groups for i in rows], device=input_ids.device)
+        return torch.cat(pooled)[torch.argsort(position)]
+
+    def encode(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The pooled encoding of one padded sub-batch."""
+        n = input_ids.shape[1]
         mask = padding_mask(lengths, n)
         pos = torch.arange(n, device=input_ids.device)
         x = self.drop(self.token_emb(input_ids) + self.pos_emb(pos)[None])
         for block in self.blocks:
             x = block(x, mask)
         return masked_mean(self.norm(x), mask)
+
+
+@contextmanager
+def padded_batches(model: nn.Module) -> Iterator[nn.Module]:
+    """Run every encoder in ``model`` on its whole batch padded to the longest sequence (what the
+    condition-number probe captures its layer inputs from, and the reference computes)."""
+    encoders = [m for m in model.modules() if isinstance(m, Encoder)]
+    saved = [m.group_by_length for m in encoders]
+    for m in encoders:
+        m.group_by_length = False
+    try:
+        yield model
+    finally:
+        for m, s in zip(encoders, saved):
+            m.group_by_length = s
 
 
 class Classifier(nn.Module):

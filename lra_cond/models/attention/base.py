@@ -131,6 +131,11 @@ class Attention(nn.Module):
     def build(self) -> None:
         """Make what the family's options need (parameters, submodules); called once they are set."""
 
+    def max_len_problem(self, max_len: int) -> str | None:
+        """Why this layer's options do not suit a model of sequences up to ``max_len`` tokens (the
+        encoder refuses to build it then), or None."""
+        return None
+
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         return rearrange(t, "b n (h d) -> b h n d", h=self.num_heads)
 

@@ -7,17 +7,18 @@ blocks against that sample's real keys only (padded keys are dropped rather than
 less work); the backward recomputes a block's probabilities and regenerates its dropout mask from a
 per-block seed, as GPU flash attention does, so nothing N x N is kept between forward and backward.
 
-Result: ``dropout(softmax(Q K^T / sqrt(d), padded keys excluded)) V`` with inverted dropout. The
-drop decision compares 16 uniform random bits with ``round(p * 2**16)``, so the dropout rate is
-``p`` rounded to a multiple of 2**-16 (0.1 -> 0.1000061) and survivors are scaled by 1/(1 - that
-rate): unbiased, and cheaper to draw than float uniforms. ``block_keep`` regenerates the masks
-so tests can check the kernel against the formula exactly.
+Result: ``dropout(softmax(Q K^T / sqrt(d), padded keys excluded)) V`` with inverted dropout, its
+masks drawn as the encoder's dropout draws them (``dropout.keep_mask``: 16-bit draws, rate ``p``
+rounded to a multiple of 2**-16, unbiased). ``block_keep`` regenerates the masks so tests can check
+the kernel against the formula exactly.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from lra_cond.models.dropout import keep_mask, quantized_rate
 
 # Scores of one block hold about this many numbers (8 MiB in float32: fits the last-level cache, and
 # few blocks mean few thread-pool barriers, which matters when cores are shared).
@@ -30,11 +31,6 @@ def block_rows(heads: int, n_keys: int) -> int:
     return max(16, min(1024, BLOCK_ELEMENTS // max(1, heads * n_keys)))
 
 
-def quantized_rate(p: float) -> float:
-    """The dropout rate actually applied: ``p`` rounded to a multiple of 2**-16."""
-    return round(p * 65536) / 65536
-
-
 def _block_seed(seed: int, index: int) -> int:
     """Independent 32-bit seed per block (splitmix64 finaliser; torch's mt19937 keeps 32 bits)."""
     z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
@@ -43,30 +39,12 @@ def _block_seed(seed: int, index: int) -> int:
     return (z ^ (z >> 31)) & 0xFFFFFFFF
 
 
-def _random_bits(seed: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """Uniform int16 draws of ``shape`` for block ``index`` (four per 64-bit word of the generator)."""
-    *lead, m = shape
-    gen = torch.Generator().manual_seed(_block_seed(seed, index))
-    words = torch.empty(*lead, (m + 3) // 4, dtype=torch.int64, device="cpu")  # the generator is a CPU one
-    words.random_(-(2**63), None, generator=gen)
-    return words.view(torch.int16)[..., :m]
-
-
-def _threshold(p: float) -> int:
-    """An int16 draw below this is dropped: probability ``quantized_rate(p)``."""
-    return round(p * 65536) - 32768
-
-
 def block_keep(
     seed: int, index: int, shape: tuple[int, ...], p: float, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Float mask of ``shape``, 1 = kept, 0 = dropped (rate ``quantized_rate(p)``), for block ``index``.
-
-    ``clamp(bits - (t - 1), 0, 1)`` is exactly ``bits >= t`` on integers, and several times faster
-    on CPU than a comparison followed by ``masked_fill``.
-    """
-    bits = _random_bits(seed, index, shape)
-    return bits.to(dtype).sub_(_threshold(p) - 1).clamp_(0.0, 1.0)
+    """Float mask of ``shape``, 1 = kept, 0 = dropped (rate ``quantized_rate(p)``), for block ``index``:
+    the same mask each time it is asked for, so the backward regenerates the forward's."""
+    return keep_mask(shape, p, dtype, torch.Generator().manual_seed(_block_seed(seed, index)))
 
 
 def _spans(n: int, rows: int) -> list[tuple[int, int]]:

@@ -19,8 +19,9 @@ Padding and lengths (the reference pools padded tokens into landmarks and needs 
   blockdiag(A', 0) is blockdiag(pinv(A'), 0), and the iteration keeps that block structure). Such an
   example is then attended with L one-token landmarks, i.e. as softmax attention over its real
   tokens, so a batch mixing short and long examples trains properly.
-- ``num_landmarks`` larger than the (padded) sequence the layer receives is a ``UserError`` at
-  forward time; in the encoder that also catches num_landmarks > the model's max length.
+- So does a whole batch of examples shorter than m (the encoder runs a batch as groups of similar
+  length, see ``models/length_groups.py``): what an example computes never depends on its batch.
+  ``num_landmarks`` larger than the model's maximum length is refused when the encoder is built.
 - Padded keys are masked in B and F's keys are only landmarks of real tokens; padded values are
   zeroed before the conv skip, so real positions never see padding.
 
@@ -36,7 +37,6 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from lra_cond.errors import UserError
 from lra_cond.linalg import RANK_RTOL, null_vectors
 from lra_cond.models.attention import jacobian as jac
 from lra_cond.models.attention.base import Attention, Option, masked_softmax
@@ -274,15 +274,18 @@ class NystromAttention(Attention, name="nystrom"):
             heads = self.num_heads
             self.conv = nn.Conv2d(heads, heads, kernel, padding=pad, groups=heads, bias=False)
 
+    def max_len_problem(self, max_len: int) -> str | None:
+        if self.num_landmarks > max_len:
+            return (
+                f"num_landmarks={self.num_landmarks} exceeds the model's maximum sequence length {max_len}; "
+                f"choose num_landmarks <= {max_len}, e.g. --model.attention_args "
+                f"'{{\"num_landmarks\": {min(64, max_len)}}}'"
+            )
+        return None
+
     def landmarks(self, q, k, key_padding_mask):  # noqa: ANN001, ANN201
         """Landmarks Q~, K~, pinv(A), and the (batch, m) mask of empty landmarks."""
         b, _, n, d = q.shape
-        if self.num_landmarks > n:
-            raise UserError(
-                f"nystrom attention: num_landmarks={self.num_landmarks} exceeds the sequence length {n} "
-                f"(the padded length of this input); "
-                f"choose num_landmarks <= {n}, e.g. --model.attention_args '{{\"num_landmarks\": {n}}}'"
-            )
         segment, counts = landmark_segments(key_padding_mask, b, n, self.num_landmarks, q.device)
         q_l, k_l = segment_means(q, segment, counts), segment_means(k, segment, counts)
         empty = counts == 0
