@@ -116,8 +116,21 @@ def bench_command(argv: list[str]) -> None:
         "FLOPs, the task's data-loader rate and one condition-number probe.",
     )
     p.add_argument("--attention", required=True, help=f"one of: {', '.join(ATTENTIONS.names())}")
-    p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
-    p.add_argument("--batch-size", type=int, required=True, help="sequences per batch")
+    p.add_argument(
+        "--real-batches",
+        action="store_true",
+        help="train on the task's prepared batches (real lengths, fit's order), time one validation pass, "
+        "and project the wall time of the task's reference run (steps, validations, test, probes)",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=None, help="tokens per sequence (required without --real-batches)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="sequences per batch (with --real-batches: the task config's)",
+    )
     p.add_argument("--task", default="listops", help=f"vocabulary/classes of: {', '.join(TASKS.names())}")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
@@ -134,8 +147,14 @@ def bench_command(argv: list[str]) -> None:
     args = p.parse_args(argv)
     ATTENTIONS.get(args.attention)
     TASKS.get(args.task)
+    if not args.real_batches:
+        for name in ("seq_len", "batch_size"):
+            if getattr(args, name) is None:
+                raise UserError(
+                    f"--{name.replace('_', '-')} is required (or --real-batches to use the task's data)"
+                )
     for name in ("seq_len", "batch_size", "steps"):
-        if getattr(args, name) <= 0:
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
@@ -150,7 +169,7 @@ def bench_command(argv: list[str]) -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available; use --device cpu")
-    print(json.dumps(bench.run(args)), flush=True)
+    print(json.dumps(bench.run_on_data(args) if args.real_batches else bench.run(args)), flush=True)
 
 
 def _names(text: str, what: str) -> list[str]:

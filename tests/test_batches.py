@@ -88,4 +88,11 @@ def test_datamodule_loader_covers_the_split_once(tiny_listops):
         )
         seen.extend(batch["input_ids"][i, : lengths[i]].tolist() for i in range(len(lengths)))
     want = [list(r) for r in dm.splits["val"]["input_ids"]]
-    assert seen == want  # unshuffled validation: every row once, in order
+    assert sorted(seen) == sorted(want)  # every row once,
+    assert [len(r) for r in seen] == sorted(map(len, want), reverse=True)  # the longest first,
+    ties = [r for r in want if len(r) == len(seen[0])]
+    assert seen[: len(ties)] == ties  # equal lengths in split order
+    probe_rows = []
+    for b in dm.probe_dataloader():
+        probe_rows += [row[:n] for row, n in zip(b["input_ids"].tolist(), b["length"].tolist())]
+    assert probe_rows == want  # the probe's loader: the split in its own order

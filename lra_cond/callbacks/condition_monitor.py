@@ -101,7 +101,9 @@ class ConditionNumberMonitor(pl.Callback):
         if self._probe is None:
             loader = None
             datamodule = getattr(trainer, "datamodule", None)
-            if datamodule is not None and hasattr(datamodule, "val_dataloader"):
+            if datamodule is not None and hasattr(datamodule, "probe_dataloader"):
+                loader = datamodule.probe_dataloader()  # the validation split in its own order
+            elif datamodule is not None and hasattr(datamodule, "val_dataloader"):
                 loader = datamodule.val_dataloader()
             elif trainer.val_dataloaders is not None:
                 loader = trainer.val_dataloaders

@@ -1,4 +1,5 @@
-"""``python -m lra_cond bench``: time real training steps of :class:`LraModel` at a given shape.
+"""``python -m lra_cond bench``: time real training steps of :class:`LraModel` at a given shape, or
+(``--real-batches``) on the task's prepared data, with what the task's reference run would cost.
 
 One JSON line on stdout. The model and optimizer are the ones training uses (``LraModel`` with the
 reference widths, ``LraModel.make_optimizer``); a step is forward + cross-entropy + backward + AdamW
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
 import statistics
@@ -288,6 +290,118 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cond_probe_fraction": cond,
         "cond_probe_note": cond_note,
         "probe_gemm_gflops": None if gemm is None else round(gemm, 1),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "loadavg_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def reference_protocol(task: str, attention: str, attention_args: dict) -> dict[str, Any]:
+    """What ``fit --task TASK`` runs: its batch size, steps, validation cadence and probe cadence."""
+    from lra_cond.training.compare import resolved_config
+
+    args = ["fit", "--task", task, "--attention", attention]
+    if attention_args:
+        args += ["--model.attention_args", json.dumps(attention_args)]
+    cfg = resolved_config(args)
+    steps, every = int(cfg["trainer"]["max_steps"]), int(cfg["cond"]["every_n_steps"])
+    return {
+        "batch_size": int(cfg["data"]["batch_size"]),
+        "max_steps": steps,
+        "val_check_interval": int(cfg["trainer"]["val_check_interval"]),
+        # at step 0, every ``every`` steps, and at the end
+        "probes": 0 if every <= 0 else 1 + steps // every + (1 if steps % every else 0),
+    }
+
+
+def evaluation_pass(model: torch.nn.Module, loader: Any, device: str) -> float:
+    """Seconds of one pass over ``loader`` in eval mode without gradients (what a validation costs
+    besides Lightning's bookkeeping)."""
+    model.eval()
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for batch in loader:
+            model({k: v.to(device) for k, v in batch.items()})
+    _sync(device)
+    model.train()
+    return time.perf_counter() - start
+
+
+def run_on_data(args: argparse.Namespace) -> dict[str, Any]:
+    """``bench --real-batches``: training steps on the task's prepared training batches (real lengths,
+    in the seeded order fit uses), one validation pass, one probe, and the projected wall time of
+    the task's reference run: steps x step + validations x pass + a test pass + probes x probe."""
+    from lra_cond.data import cache
+    from lra_cond.data.datamodule import LraDataModule
+    from lra_cond.training.module import LraModel
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    protocol = reference_protocol(args.task, args.attention, args.attention_args)
+    batch_size = args.batch_size or protocol["batch_size"]
+    data_dir = Path(args.data_dir) if args.data_dir else cache.default_data_dir()
+    dm = LraDataModule(args.task, str(data_dir), args.preset, batch_size=batch_size, seed=args.seed)
+    dm.prepare_data()
+    dm.setup("fit")
+    torch.manual_seed(args.seed)
+    model = LraModel(task=args.task, attention=args.attention, attention_args=args.attention_args).to(
+        args.device
+    )
+    opt = model.make_optimizer()
+    loader = iter(dm.train_dataloader())
+    batches = [
+        {k: v.to(args.device) for k, v in next(loader).items()} for _ in range(args.warmup + args.steps)
+    ]
+    probe_s, cond_note, gemm = None, "not timed (--no-probe)", None
+    if not args.no_probe:
+        from lra_cond.callbacks.layer_inputs import take_probe_batch
+
+        model.eval()
+        gemm = gemm_gflops(device=args.device)
+        probe_batch = take_probe_batch(dm.probe_dataloader(), 256)
+        probe_s, _, cond_note = monitor_probe(model, probe_batch)
+    model.train()
+    times: list[float] = []
+    tokens: list[int] = []
+    with PeakMemory(args.device) as mem:
+        for i, batch in enumerate(batches):
+            start = time.perf_counter()
+            train_step(model, opt, batch)
+            _sync(args.device)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+                tokens.append(sum(int(v.sum()) for k, v in batch.items() if k.startswith("length")))
+        val_s = evaluation_pass(model, dm.val_dataloader(), args.device)
+    step = statistics.median(times)
+    n_val, n_test = len(dm.splits["val"]), len(dm.splits["test"])
+    validations = protocol["max_steps"] // protocol["val_check_interval"]
+    parts = {
+        "steps": protocol["max_steps"] * step,
+        "validations": validations * val_s,
+        "test": val_s * n_test / max(1, n_val),
+        "probes": protocol["probes"] * (probe_s or 0.0),
+    }
+    return {
+        "attention": args.attention,
+        "task": args.task,
+        "preset": args.preset,
+        "batch_size": batch_size,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "step_s_median": round(step, 5),
+        "step_s_min": round(min(times), 5),
+        "real_tokens_per_step": round(statistics.mean(tokens), 1),
+        "val_pass_s": round(val_s, 3),
+        "val_examples": n_val,
+        "cond_probe_s": None if probe_s is None else round(probe_s, 4),
+        "cond_probe_note": cond_note,
+        "probe_gemm_gflops": None if gemm is None else round(gemm, 1),
+        "peak_mem_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
+        "mem_kind": mem.kind,
+        "reference_run": {**protocol, "validations": validations},
+        "projected_run_s": {k: round(v, 1) for k, v in parts.items()}
+        | {"total": round(sum(parts.values()), 1)},
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         "loadavg_1min": round(os.getloadavg()[0], 2),
