@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -222,10 +223,31 @@ def compare_command(argv: list[str]) -> None:
     )
     p.add_argument("--run_name", default=None, help="a name for this variant of the study (e.g. lr3e-4)")
     p.add_argument("--plan", action="store_true", help="print one fit command per line; run nothing")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="fits run side by side, each logging to <runs>/compare/logs/<init>-seed<k>.log, with one "
+        "progress line per running fit",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads per fit (default: torch's, or cores // jobs)",
+    )
     args, overrides = p.parse_known_args(argv)
     inits = _names(args.inits, "inits")
     seeds = _seeds(args.seeds)
-    compare(args.task, args.attention, inits, seeds, overrides, args.run_root, args.run_name, plan=args.plan)
+    cores = os.cpu_count() or 1
+    if not 1 <= args.jobs <= cores:
+        raise UserError(f"--jobs must be in 1..{cores} (this machine's cores), got {args.jobs}")
+    if args.threads is not None and not 1 <= args.threads <= cores:
+        raise UserError(f"--threads must be in 1..{cores} (this machine's cores), got {args.threads}")
+    compare(
+        args.task, args.attention, inits, seeds, overrides, args.run_root, args.run_name,
+        plan=args.plan, jobs=args.jobs, threads=args.threads,
+    )  # fmt: skip
 
 
 def report_command(argv: list[str]) -> None:

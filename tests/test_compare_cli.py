@@ -121,10 +121,10 @@ def test_plan_prints_one_fit_per_run(capsys: pytest.CaptureFixture) -> None:
     expected = [
         f"python -m lra_cond fit --task listops --attention softmax --init {i} --seed_everything {s} "
         "--run_root runs"
-        for i in ("default", "conditioned")
         for s in (0, 1, 2)
+        for i in ("default", "conditioned")
     ]
-    assert lines == expected
+    assert lines == expected  # seed by seed: each seed's inits run (and finish) together
     assert all(shlex.split(line)[3] == "fit" for line in lines)
 
 

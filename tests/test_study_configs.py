@@ -47,8 +47,8 @@ def test_study_plans_nine_fits_of_its_protocol(
     assert len(lines) == len(INITS) * len(SEEDS)
     runs = [(c["model"]["init"], c["seed_everything"]) for c in map(fit_config, (lines[0], lines[-1]))]
     assert runs == [("default", 0), ("conditioned", 2)]
-    assert [option(ln, "--init") for ln in lines] == [i for i in INITS for _ in SEEDS]
-    assert [option(ln, "--seed_everything") for ln in lines] == [str(s) for _ in INITS for s in SEEDS]
+    assert [option(ln, "--init") for ln in lines] == [i for _ in SEEDS for i in INITS]  # seed by seed
+    assert [option(ln, "--seed_everything") for ln in lines] == [str(s) for s in SEEDS for _ in INITS]
 
     config = fit_config(lines[4])  # mimetic, seed 1
     assert (config["model"]["init"], config["seed_everything"]) == ("mimetic", 1)

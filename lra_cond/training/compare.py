@@ -8,6 +8,7 @@ What a run folder holds, and whether a run is finished, comes from ``lra_cond.ru
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -91,11 +92,17 @@ def resolved_config(args: list[str]) -> dict[str, Any]:
     return yaml.safe_load(cli.resolved_config_text())
 
 
-def run_fit(cmd: list[str]) -> int:
-    """Run one fit and return its exit status. Ctrl-C is passed on to it, once per press: the fit runs
-    in its own session (the terminal's SIGINT reaches compare alone) and stops gracefully at the end
-    of its step with last.ckpt saved (a second Ctrl-C stops it at once); compare waits for it."""
-    proc = subprocess.Popen(cmd, start_new_session=True)
+def run_fit(cmd: list[str], threads: int | None = None) -> int:
+    """Run one fit (with ``threads`` intra-op threads if given) and return its exit status. Ctrl-C is
+    passed on to it, once per press: the fit runs in its own session (the terminal's SIGINT reaches
+    compare alone) and stops gracefully at the end of its step with last.ckpt saved (a second Ctrl-C
+    stops it at once); compare waits for it."""
+    env = (
+        None
+        if threads is None
+        else {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    )
+    proc = subprocess.Popen(cmd, start_new_session=True, env=env)
     previous = signal.signal(signal.SIGINT, lambda *_: proc.send_signal(signal.SIGINT))
     try:
         return proc.wait()
@@ -112,10 +119,13 @@ def compare(
     run_root: str = "runs",
     run_name: str | None = None,
     plan: bool = False,
+    jobs: int = 1,
+    threads: int | None = None,
 ) -> Path | None:
-    """Fit every (init, seed) of one task and attention family in turn (``overrides``: more fit
-    arguments, passed to every fit), then write the report; return its path. ``plan``: print one fit
-    command per line instead, run nothing."""
+    """Fit every (init, seed) of one task and attention family (``overrides``: more fit arguments,
+    passed to every fit), in turn or ``jobs`` at a time with ``threads`` intra-op threads each
+    (default: the cores split between them), then write the report; return its path. ``plan``:
+    print one fit command per line instead, run nothing."""
     from lra_cond.data.tasks import TASKS
     from lra_cond.init import INITS
     from lra_cond.models.attention import ATTENTIONS
@@ -134,10 +144,10 @@ def compare(
         run_root,
         *(["--run_name", run_name] if run_name else []),
     ]
-    jobs = [(init, seed) for init in inits for seed in seeds]
+    pairs = [(init, seed) for seed in seeds for init in inits]  # seed-major: paired runs finish together
 
     if plan:
-        for init, seed in jobs:
+        for init, seed in pairs:
             cmd = fit_args(task, attention, init, seed, overrides)
             print(shlex.join(["python", "-m", "lra_cond", *cmd]))
         return None
@@ -153,7 +163,7 @@ def compare(
     runs_dir = run_dir.runs_dir(run_root, task, attention, **where)
     # Decide every job first, so a conflicting folder stops compare before any training.
     plan = []
-    for init, seed in jobs:
+    for init, seed in pairs:
         folder = run_dir.RunFolder(run_dir.run_path(run_root, task, attention, init, seed, **where))
         state = folder.state()
         if state is not State.EMPTY:
@@ -171,7 +181,11 @@ def compare(
         action = {State.FINISHED: "reuse", State.UNFINISHED: "resume"}.get(state, "fit")
         plan.append((init, seed, folder.path, action))
 
-    for i, (init, seed, path, action) in enumerate(plan, 1):
+    if jobs > 1:
+        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+        max_steps = int((reference.get("trainer") or {}).get("max_steps") or 0)
+        _fit_side_by_side(task, attention, overrides, plan, runs_dir, jobs, threads, max_steps)
+    for i, (init, seed, path, action) in enumerate(plan if jobs == 1 else [], 1):
         head = f"[{i}/{len(plan)}] {init} seed {seed}"
         if action == "reuse":
             print(f"{head}: reusing finished run {path}", flush=True)
@@ -180,7 +194,7 @@ def compare(
         if action == "resume":
             cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
         print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
-        rc = run_fit([sys.executable, "-m", "lra_cond", *cmd])
+        rc = run_fit([sys.executable, "-m", "lra_cond", *cmd], threads)
         if rc == Interrupted.EXIT_STATUS:
             raise Interrupted(
                 f"interrupted (Ctrl-C) during the fit of {init} seed {seed} ({path}); rerun compare to "
@@ -197,3 +211,45 @@ def compare(
     report = write_report(runs, runs_dir / REPORT_DIR, report_title(runs_dir))
     print(f"report written to {report}")
     return report
+
+
+def _fit_side_by_side(
+    task: str,
+    attention: str,
+    overrides: list[str],
+    plan: list[tuple[str, int, Path, str]],
+    runs_dir: Path,
+    jobs: int,
+    threads: int,
+    max_steps: int,
+) -> None:
+    """The fits and resumes of ``plan``, ``jobs`` at a time, each logging to
+    ``<runs_dir>/compare/logs/<init>-seed<k>.log``; finished runs are reused as they are."""
+    from lra_cond.training.side_by_side import Fit, run_side_by_side
+
+    fits = []
+    for init, seed, path, action in plan:
+        if action == "reuse":
+            print(f"{init} seed {seed}: reusing finished run {path}", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "lra_cond", *fit_args(task, attention, init, seed, overrides)]
+        if action == "resume":
+            cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
+        log = runs_dir / REPORT_DIR / "logs" / f"{init}-seed{seed}.log"
+        fits.append(Fit(f"{init} seed {seed}", cmd, path, log, max_steps))
+    if not fits:
+        return
+    print(f"{len(fits)} fit(s), {jobs} at a time with {threads} thread(s) each", flush=True)
+    run_side_by_side(fits, jobs, threads)
+    interrupted = [f for f in fits if f.returncode == Interrupted.EXIT_STATUS]
+    unstarted = [f for f in fits if f.returncode is None]
+    failed = [f for f in fits if f.returncode not in (None, 0, Interrupted.EXIT_STATUS)]
+    if failed:
+        names = "; ".join(f"{f.label} (exit {f.returncode}, log {f.log})" for f in failed)
+        raise UserError(f"fit failed: {names}; rerun compare to resume the others")
+    if interrupted or unstarted:
+        stopped = ", ".join(f.label for f in interrupted) or "none"
+        raise Interrupted(
+            f"interrupted: stopped {stopped} at their last checkpoints; {len(unstarted)} not started; rerun "
+            "compare to continue (finished runs are reused, stopped ones resume from last.ckpt)"
+        )
