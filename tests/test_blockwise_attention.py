@@ -9,6 +9,7 @@ import torch
 
 from lra_cond.models.attention import build_attention
 from lra_cond.models.attention.blockwise import (
+    SAVED_SCORES,
     _spans,
     block_keep,
     blockwise_attention,
@@ -46,11 +47,13 @@ def qkv(b=2, h=2, n=37, d=8, dtype=torch.float64, seed=0):  # noqa: ANN001, ANN2
     return [torch.randn(b, h, n, d, generator=g, dtype=dtype, requires_grad=True) for _ in range(3)]
 
 
+@pytest.mark.parametrize("saved", [SAVED_SCORES, 0])  # probabilities kept for the backward, or recomputed
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_forward_and_gradients_match_formula(p):
+def test_forward_and_gradients_match_formula(p, saved):
     q, k, v = qkv()
     lengths, rows = [37, 20], 8  # several blocks, one of them partial; padding in sample 1
-    out = blockwise_attention(q, k, v, lengths, dropout_p=p, seed=123, rows=rows)
+    out = blockwise_attention(q, k, v, lengths, dropout_p=p, seed=123, rows=rows, saved=saved)
+    assert (out.grad_fn.blocks is not None) == (saved > 0)
     keep = full_keep(123, (2, 2, 37, 37), lengths, p, rows) if p else None
     ref = formula(q, k, v, lengths, keep, p)
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
@@ -86,7 +89,7 @@ def test_float32_matches_sdpa_without_dropout():
     torch.testing.assert_close(blockwise_attention(q, k, v, lengths), want, atol=1e-5, rtol=1e-5)
 
 
-def test_nothing_quadratic_is_saved_for_backward():
+def test_nothing_quadratic_is_saved_for_backward_beyond_the_budget():
     b, h, n, d = 1, 2, 256, 8
     q, k, v = qkv(b, h, n, d)
     sizes: list[int] = []
@@ -96,8 +99,16 @@ def test_nothing_quadratic_is_saved_for_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = blockwise_attention(q, k, v, [n], dropout_p=0.1, rows=32)
-    assert len(sizes) == 4 and max(sizes) == b * h * n * d  # q, k, v and the output only
+        kept = blockwise_attention(q, k, v, [n], dropout_p=0.1, rows=32)
+    # Within its budget the kernel keeps every block's probabilities and mask (h x n x n scores) ...
+    assert sum(probs.numel() for probs, _ in kept.grad_fn.blocks) == b * h * n * n
+    assert all(keep.dtype == torch.bool for _, keep in kept.grad_fn.blocks)
+    sizes.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = blockwise_attention(q, k, v, [n], dropout_p=0.1, rows=32, saved=b * h * n * n - 1)
+    # ... beyond it, nothing quadratic: q, k, v and the output only.
+    assert out.grad_fn.blocks is None
+    assert len(sizes) == 4 and max(sizes) == b * h * n * d
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         formula(q, k, v, [n], torch.ones(b, h, n, n, dtype=torch.float64), 0.1)
     assert max(sizes) >= b * h * n * n  # the plain formula keeps N x N tensors: the hook sees them

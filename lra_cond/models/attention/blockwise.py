@@ -4,8 +4,10 @@ Why: torch's CPU flash kernel refuses ``dropout_p > 0``, so ``F.scaled_dot_produ
 back to its math path, which materialises several (batch, heads, N, N) tensors (scores, probabilities,
 dropout mask, dropped probabilities) and is memory-bound. Here each sample's queries are processed in
 blocks against that sample's real keys only (padded keys are dropped rather than masked: same result,
-less work); the backward recomputes a block's probabilities and regenerates its dropout mask from a
-per-block seed, as GPU flash attention does, so nothing N x N is kept between forward and backward.
+less work). Below a memory budget the forward keeps each block's probabilities and dropout mask
+for the backward; above it the backward recomputes a block's probabilities and regenerates its
+dropout mask from a per-block seed, as GPU flash attention does, so nothing N x N is kept between
+forward and backward.
 
 Result: ``dropout(softmax(Q K^T / sqrt(d), padded keys excluded)) V`` with inverted dropout, its
 masks drawn as the encoder's dropout draws them (``dropout.keep_mask``: 16-bit draws, rate ``p``
@@ -24,6 +26,10 @@ from lra_cond.models.dropout import keep_mask, quantized_rate
 # few blocks mean few thread-pool barriers, which matters when cores are shared).
 BLOCK_ELEMENTS = 1 << 21
 _MASK64 = (1 << 64) - 1
+# A call whose scores number at most this many keeps its probabilities and keep-masks for the
+# backward (5 bytes a score: 640 MiB here; a ListOps batch of 32 has ~80M per layer) instead of
+# recomputing them there (see docs/benchmarks.md for what each saves); longer ones recompute.
+SAVED_SCORES = 1 << 27
 
 
 def block_rows(heads: int, n_keys: int) -> int:
@@ -52,33 +58,45 @@ def _spans(n: int, rows: int) -> list[tuple[int, int]]:
 
 
 class _BlockwiseAttention(torch.autograd.Function):
-    """Blocks are visited as (sample b, query span); block index = b * spans + span number."""
+    """Blocks are visited as (sample b, query span); block index = b * spans + span number.
+
+    When all of a call's scores number at most ``saved`` (``SAVED_SCORES``), the forward keeps each
+    block's probabilities and its keep-mask (as booleans) for the backward, which then skips
+    recomputing them: the same numbers, for 5 bytes a score of memory."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lengths, p, seed, rows, scale):  # noqa: ANN001, ANN205
+    def forward(ctx, q, k, v, lengths, p, seed, rows, scale, saved):  # noqa: ANN001, ANN205
         keep_scale = 1.0 / (1.0 - quantized_rate(p))
         qs = (q * scale).contiguous()  # fold the score scale into q (N x d) instead of the scores
         k = k.contiguous()
         vs = (v * keep_scale).contiguous() if p > 0 else v.contiguous()  # fold 1/(1-p) into v
         out = torch.zeros_like(qs)
         spans = _spans(q.shape[-2], rows)
+        blocks: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        if q.shape[1] * q.shape[-2] * sum(lengths) <= saved:
+            blocks = []
         for b, n_real in enumerate(lengths):
             kt, vb = k[b, :, :n_real].transpose(-1, -2), vs[b, :, :n_real]
             for i, (s, e) in enumerate(spans):
                 probs = torch.softmax(torch.matmul(qs[b, :, s:e], kt), dim=-1)
-                if p > 0:
-                    probs.mul_(block_keep(seed, b * len(spans) + i, probs.shape, p, probs.dtype))
-                out[b, :, s:e] = torch.matmul(probs, vb)
+                keep = block_keep(seed, b * len(spans) + i, probs.shape, p, probs.dtype) if p > 0 else None
+                if blocks is not None:
+                    blocks.append((probs, None if keep is None else keep.bool()))
+                    kept = probs if keep is None else probs * keep
+                else:
+                    kept = probs if keep is None else probs.mul_(keep)
+                out[b, :, s:e] = torch.matmul(kept, vb)
         ctx.save_for_backward(qs, k, vs, out)
         ctx.lengths, ctx.p, ctx.seed, ctx.rows = lengths, p, seed, rows
-        ctx.scale, ctx.keep_scale = scale, keep_scale
+        ctx.scale, ctx.keep_scale, ctx.blocks = scale, keep_scale, blocks
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):  # noqa: ANN001, ANN205
         qs, k, vs, out = ctx.saved_tensors
-        p = ctx.p
+        p, blocks = ctx.p, ctx.blocks
+        ctx.blocks = None  # freed as soon as the backward is done with them
         grad_out = grad_out.contiguous()
         # rowsum(dP * P) equals rowsum(dO * O) (dropout included): no N x N reduction needed.
         delta = (grad_out * out).sum(-1, keepdim=True)
@@ -94,10 +112,17 @@ class _BlockwiseAttention(torch.autograd.Function):
             dvt = vs.new_zeros(vs.shape[1], vs.shape[-1], n_real)
             for i, (s, e) in enumerate(spans):
                 qb, gb = qs[b, :, s:e], grad_out[b, :, s:e]
-                probs = torch.softmax(torch.matmul(qb, kt), dim=-1)
+                if blocks is not None:
+                    probs, keep = blocks[b * len(spans) + i]
+                else:
+                    probs = torch.softmax(torch.matmul(qb, kt), dim=-1)
+                    keep = (
+                        block_keep(ctx.seed, b * len(spans) + i, probs.shape, p, probs.dtype)
+                        if p > 0
+                        else None
+                    )
                 dkept = torch.matmul(gb, vt)  # gradient w.r.t. the kept (dropped-out) probabilities
-                if p > 0:
-                    keep = block_keep(ctx.seed, b * len(spans) + i, probs.shape, p, probs.dtype)
+                if keep is not None:
                     dvt.baddbmm_(gb.transpose(-1, -2), probs * keep)
                     dkept.mul_(keep)
                 else:
@@ -109,7 +134,7 @@ class _BlockwiseAttention(torch.autograd.Function):
             dvs[b, :, :n_real] = dvt.transpose(-1, -2)
         dq = dqs.mul_(ctx.scale)
         dv = dvs.mul_(ctx.keep_scale) if p > 0 else dvs
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def blockwise_attention(
@@ -121,6 +146,7 @@ def blockwise_attention(
     seed: int | None = None,
     rows: int | None = None,
     scale: float | None = None,
+    saved: int = SAVED_SCORES,
 ) -> torch.Tensor:
     """``dropout(softmax(q k^T * scale)) v`` for q, k, v of shape (B, H, N, d), on CPU.
 
@@ -143,7 +169,7 @@ def blockwise_attention(
         dtype = torch.get_autocast_dtype(device)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     with torch.autocast(device, enabled=False):
-        return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale)
+        return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale, saved)
 
 
 def prefix_lengths(key_padding_mask: torch.Tensor) -> list[int] | None:
