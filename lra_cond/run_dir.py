@@ -134,6 +134,9 @@ class Metrics(TypedDict, total=False):
     target_reached_acc: float | None
     cond_history: list  # ConditionNumberMonitor: one entry per probe
     cond_settings: dict
+    label_counts: dict  # {split: [examples of class 0, 1, ...]} of the validation and test splits
+    seconds: float  # wall-clock seconds the fit spent (training, validations, probes; all its processes)
+    machines: list  # the machines the fit ran on ("2 x AMD EPYC, 1 thread, torch 2.13.0+cpu")
 
 
 METRIC_TYPES: dict[str, Any] = typing.get_type_hints(Metrics)

@@ -68,6 +68,12 @@ def test_test_accuracy_is_that_of_the_best_checkpoint(fitted, tiny_listops):
             correct += (model(batch).argmax(-1) == batch["label"]).sum().item()
             total += len(batch["label"])
     assert metrics["test_acc"] == pytest.approx(correct / total, abs=1e-6)
+    # What the results need besides: the splits' label counts, the fit's seconds, its machine.
+    for split in ("val", "test"):
+        labels = torch.tensor(dm.splits[split]["label"])
+        assert metrics["label_counts"][split] == torch.bincount(labels, minlength=10).tolist()
+    assert 0 < metrics["seconds"] < 3600
+    assert len(metrics["machines"]) == 1 and f"torch {torch.__version__}" in metrics["machines"][0]
 
 
 def test_data_dir_that_cannot_hold_data_is_one_line_error(tmp_path):

@@ -1,14 +1,54 @@
 """Records best validation accuracy (and its step), totals, and the test accuracy of the tested
-checkpoint into ``metrics.json``."""
+checkpoint into ``metrics.json``, with what a reader of the results needs besides: the validation
+and test splits' label counts (the frequent-class rate), the fit's wall-clock seconds and the
+machines it ran on."""
 
 from __future__ import annotations
 
+import os
+import platform
+import time
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
+import torch
 
 from lra_cond.callbacks.epochs import epochs_at
-from lra_cond.run_dir import run_dir_of, update_metrics
+from lra_cond.run_dir import read_metrics, run_dir_of, update_metrics
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description(device: torch.device) -> str:
+    """``2 x AMD EPYC, 1 thread, torch 2.13.0+cpu`` (or the GPU's name on CUDA)."""
+    if device.type == "cuda":
+        where = f"{torch.cuda.get_device_name(device)}, {os.cpu_count()} cores"
+    else:
+        where = f"{os.cpu_count()} x {cpu_model()}, {torch.get_num_threads()} thread(s)"
+    return f"{where}, torch {torch.__version__}"
+
+
+def label_counts(datamodule: Any) -> dict[str, list[int]]:
+    """Examples per class of the validation and test splits of an ``LraDataModule`` ({} otherwise)."""
+    splits, spec = getattr(datamodule, "splits", None), getattr(datamodule, "spec", None)
+    if splits is None or spec is None:
+        return {}
+    return {
+        name: np.bincount(np.asarray(splits[name]["label"]), minlength=spec.num_classes).tolist()
+        for name in ("val", "test")
+        if name in splits
+    }
 
 
 class RunSummary(pl.Callback):
@@ -16,6 +56,23 @@ class RunSummary(pl.Callback):
         self.best_val_acc: float | None = None
         self.best_val_step: int | None = None
         self.val_history: list[list[float]] = []
+        self.seconds_before = 0.0  # spent by earlier processes of this fit (from the checkpoint)
+        self.started: float | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.started = time.monotonic()
+        if trainer.is_global_zero and run_dir_of(trainer):
+            machines = list(read_metrics(run_dir_of(trainer)).get("machines") or [])
+            here = machine_description(pl_module.device)
+            counts = label_counts(getattr(trainer, "datamodule", None))
+            update_metrics(
+                run_dir_of(trainer), machines=[*machines, *([here] if here not in machines else [])]
+            )
+            if counts:
+                update_metrics(run_dir_of(trainer), label_counts=counts)
+
+    def seconds(self) -> float:
+        return self.seconds_before + (0.0 if self.started is None else time.monotonic() - self.started)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
@@ -56,6 +113,7 @@ class RunSummary(pl.Callback):
             val_history=self.val_history,
             total_steps=trainer.global_step,
             total_epochs=epochs,
+            seconds=round(self.seconds(), 1),
             **more,
         )
 
@@ -64,9 +122,11 @@ class RunSummary(pl.Callback):
             "best_val_acc": self.best_val_acc,
             "best_val_step": self.best_val_step,
             "val_history": self.val_history,
+            "seconds": self.seconds(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best_val_acc = state_dict["best_val_acc"]
         self.best_val_step = state_dict["best_val_step"]
         self.val_history = state_dict["val_history"]
+        self.seconds_before = float(state_dict.get("seconds", 0.0))
