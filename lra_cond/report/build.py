@@ -9,13 +9,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lra_cond.report.collect import Run, collect_runs, config_differences
+from lra_cond.report.collect import BASELINE, Run, collect_runs, config_differences
 from lra_cond.report.plots import plot_all
+from lra_cond.report.published import published
+from lra_cond.report.stats import binomial_se, t_interval
 from lra_cond.report.table import (
     build_rows,
     definitions,
     markdown_table,
+    max_steps,
     no_target_reason,
+    steps_by_seed_table,
     target_accuracy,
 )
 
@@ -129,6 +133,53 @@ def setup_of(runs: list[Run]) -> dict[str, str]:
     return out
 
 
+def split_counts(runs: list[Run], split: str) -> list[int] | None:
+    """Examples per class of a split the runs were evaluated on (metrics.json's ``label_counts``)."""
+    for run in runs:
+        counts = (run.metrics.get("label_counts") or {}).get(split)
+        if isinstance(counts, list) and counts and all(isinstance(c, int) for c in counts) and sum(counts):
+            return counts
+    return None
+
+
+def frequent_class_rate(runs: list[Run]) -> float | None:
+    """The test accuracy of always answering the test split's most frequent class."""
+    counts = split_counts(runs, "test")
+    return None if counts is None else max(counts) / sum(counts)
+
+
+def reproduction(runs: list[Run]) -> list[str]:
+    """The reproduction table: the default init's test accuracy (mean, 95% t-interval over seeds)
+    beside the published numbers for this task and family and the test split's frequent-class rate;
+    no lines without default runs with a test accuracy."""
+    config = next((r.config for r in runs if r.config), {})
+    task, attention = _get(config, "data.task"), _get(config, "model.attention")
+    tests = [r.metrics.get("test_acc") for r in runs if r.init == BASELINE]
+    interval = t_interval(tests)
+    if interval is None:
+        return []
+    mean, low, high = (100 * v for v in interval)
+    n = sum(t is not None for t in tests)
+    ours = f"{mean:.2f}" + ("" if math.isnan(low) else f" [{low:.2f}, {high:.2f}]")
+    seeds = f"{n} seed{'s' * (n != 1)}"
+    lines = [
+        "| test accuracy (%) | value |",
+        "|---|---|",
+        f"| `{BASELINE}` {attention}, this suite (mean [95% t-interval] over {seeds}) | {ours} |",
+    ]
+    ref = published(task, attention) if task and attention else None
+    if ref is not None:
+        paper = "n/a (no published number for this family)" if ref.accuracy is None else f"{ref.accuracy:.2f}"
+        lines.append(f"| published: Nyströmformer (Xiong et al. 2021), {attention} | {paper} |")
+        lines.append(
+            f"| published reruns: xformers, softmax and Nyström-128 | {ref.rerun_low}–{ref.rerun_high} |"
+        )
+    frequent = frequent_class_rate(runs)
+    if frequent is not None:
+        lines.append(f"| always the most frequent class of our test split | {100 * frequent:.2f} |")
+    return lines
+
+
 def chance_level(runs: list[Run]) -> float | None:
     """1 / number of classes of the runs' task (None for a task this suite does not know)."""
     from lra_cond.data.tasks import TASKS
@@ -164,14 +215,25 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
         )
         if key in setup
     )
-    plots = plot_all(runs, out_dir, title, target=target, chance=chance_level(runs), setup=brief)
+    frequent = frequent_class_rate(runs)
+    plots = plot_all(
+        runs, out_dir, title, target=target, chance=chance_level(runs), setup=brief, frequent=frequent
+    )
     warns = warnings_for(runs)
     lines = [f"# Init comparison: {title}", ""]
     if warns:
         lines += ["## Warnings", "", *[f"- **warning:** {w}" for w in warns], ""]
     lines += ["## Setup", "", *[f"- {k}: {v}" for k, v in setup.items()], ""]
     reason = no_target_reason(runs) if target is None else ""
-    lines += ["## Results", "", markdown_table(rows), "", definitions(target, reason), ""]
+    val = split_counts(runs, "val")
+    noise = None if target is None or val is None else (100 * binomial_se(target, sum(val)), sum(val))
+    length = max_steps(runs)
+    lines += ["## Results", "", markdown_table(rows, length), "", definitions(target, reason, noise), ""]
+    if target is not None:
+        lines += ["### Steps to target, seed by seed", "", steps_by_seed_table(rows, length), ""]
+    repro = reproduction(runs)
+    if repro:
+        lines += ["### Reproduction", "", *repro, ""]
     lines += ["## Plots", ""]
     captions = {
         "val_acc": "Validation accuracy vs step",
@@ -189,6 +251,8 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     report.write_text("\n".join(lines))
     summary = {
         "target_acc": target,
+        "frequent_class_test": frequent,
+        "reproduction": repro,
         "setup": setup,
         "rows": [asdict(row) for row in rows],
         "warnings": warns,

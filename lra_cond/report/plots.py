@@ -90,10 +90,15 @@ def _finish(fig: plt.Figure, path: Path) -> Path:
 
 
 def val_acc_figure(
-    runs: list[Run], title: str, target: float | None = None, chance: float | None = None
+    runs: list[Run],
+    title: str,
+    target: float | None = None,
+    chance: float | None = None,
+    frequent: float | None = None,
 ) -> tuple[plt.Figure, bool]:
-    """Validation accuracy vs step per init, with the target accuracy and the chance level as
-    horizontal lines; and whether any run had a validation."""
+    """Validation accuracy vs step per init, with the target accuracy, the chance level and the
+    test split's frequent-class rate (what always answering that class scores) as horizontal lines;
+    and whether any run had a validation."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ok = _draw(ax, runs, _val_acc)
     if target is not None:
@@ -107,6 +112,14 @@ def val_acc_figure(
     if chance is not None:
         ax.axhline(
             100 * chance, color="grey", linestyle=":", linewidth=1, label=f"chance {100 * chance:.0f}%"
+        )
+    if frequent is not None:
+        ax.axhline(
+            100 * frequent,
+            color="tab:red",
+            linestyle="-.",
+            linewidth=1,
+            label=f"frequent class {100 * frequent:.1f}% (test split)",
         )
     ax.set(xlabel="optimizer step", ylabel="validation accuracy (%)", title=title)
     ax.grid(alpha=0.3)
@@ -122,6 +135,7 @@ def plot_all(
     target: float | None = None,
     chance: float | None = None,
     setup: str = "",
+    frequent: float | None = None,
 ) -> dict[str, Path | None]:
     """Write val_acc.png, kappa.png, weights_kappa.png; None for a plot without data. ``setup`` (a
     line: steps, batch, lr, ...) goes under the accuracy plot's title."""
@@ -129,7 +143,7 @@ def plot_all(
     band = "line: mean over seeds, band: min–max over seeds"
 
     heading = "\n".join(t for t in (title, setup, band) if t)
-    fig, ok = val_acc_figure(runs, heading, target, chance)
+    fig, ok = val_acc_figure(runs, heading, target, chance, frequent)
     if ok:
         written["val_acc"] = _finish(fig, out_dir / "val_acc.png")
     else:
