@@ -20,6 +20,8 @@ from lra_cond.training.lightning_cli import log_interval
 
 
 class Tiny(pl.LightningModule):
+    """A model with a validation accuracy, as the suite's (``val/acc``)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(2, 1)
@@ -28,6 +30,9 @@ class Tiny(pl.LightningModule):
         loss = self.layer(batch[0]).pow(2).mean()
         self.log("train/loss", loss, prog_bar=True)
         return loss
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.log("val/acc", 0.25)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -47,7 +52,8 @@ def render_fit(tmp_path, monkeypatch, **trainer_kwargs) -> str:
         accelerator="cpu",
         **trainer_kwargs,
     )
-    trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(40, 2)), batch_size=4))
+    data = DataLoader(TensorDataset(torch.randn(40, 2)), batch_size=4)
+    trainer.fit(Tiny(), data, data if trainer_kwargs.get("val_check_interval") else None)
     return out.getvalue()
 
 
@@ -57,6 +63,18 @@ def test_bar_counts_steps_of_max_steps_without_v_num(tmp_path, monkeypatch):
     assert "train, epoch 2 " in last and "step 25/25" in last and "left" in last
     assert "train/loss:" in last
     assert "v_num" not in text and "eed0" not in text and "Epoch 0/" not in text
+
+
+def test_a_log_file_gets_one_plain_line_per_validation(tmp_path, monkeypatch):
+    """Not a terminal (a StringIO here, a log file in use): after each validation one line that a
+    reader of the log can follow, with the step, the accuracy, the time and the pace."""
+    text = render_fit(tmp_path, monkeypatch, max_steps=20, max_epochs=-1, val_check_interval=5)
+    lines = [line for line in text.splitlines() if line.startswith("step ")]
+    assert [line.split(" · ")[0] for line in lines] == ["step 5/20", "step 10/20", "step 15/20", "step 20/20"]
+    assert all(
+        " · val/acc 0.2500 · " in line and " elapsed · " in line and "s/step" in line for line in lines
+    )
+    assert lines[-1].split(" · ")[3] == "0:00:00 left"
 
 
 def test_bar_total_is_max_epochs_times_steps_per_epoch_without_max_steps(tmp_path, monkeypatch):

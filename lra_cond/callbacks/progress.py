@@ -6,11 +6,16 @@ speed estimate, and shows the logger's ``v_num`` (here the tail of ``seed0``). T
 starts at the resumed step after ``--ckpt_path last``, and estimates the time left from the average
 pace since this process started training (validations and condition-number probes included), so
 the ETA is for the run, not the epoch. Validation and test bars are Lightning's.
+
+When the output is not a terminal (a log file: ``compare --jobs``, a batch job), a bar cannot be
+redrawn, so after every validation the bar prints one plain line instead:
+``step 1250/5000 · val/acc 0.3520 · 0:21:30 elapsed · 0:58:12 left · 0.71 s/step``.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +26,7 @@ from lightning.pytorch.callbacks.progress.rich_progress import (
     CustomTimeColumn,
     ProcessingSpeedColumn,
 )
+from rich.console import Console
 from rich.progress import Task
 from rich.text import Text
 
@@ -86,8 +92,48 @@ def total_steps(trainer: pl.Trainer) -> float:
         return math.inf
 
 
+def plain_line(step: int, total: float, acc: float | None, elapsed: float, steps_done: int) -> str:
+    """One progress line for a log: step, validation accuracy, elapsed and left (at the pace since
+    this process started training), seconds per step."""
+    parts = [f"step {step}/{int(total)}" if math.isfinite(total) else f"step {step}"]
+    if acc is not None:
+        parts.append(f"val/acc {acc:.4f}")
+    parts.append(f"{timedelta(seconds=int(elapsed))} elapsed")
+    if steps_done > 0:
+        if math.isfinite(total):
+            parts.append(f"{timedelta(seconds=int(elapsed * max(0.0, total - step) / steps_done))} left")
+        parts.append(f"{elapsed / steps_done:.2f} s/step")
+    return " · ".join(parts)
+
+
 class StepProgressBar(RichProgressBar):
     """Lightning's rich progress bar with one training bar for the whole run (see the module doc)."""
+
+    def __init__(self, *args: Any, console_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._lines = Console(**(console_kwargs or {}))  # where the bar draws; not a terminal: a log
+        super().__init__(*args, console_kwargs=console_kwargs, **kwargs)
+        self._start: tuple[float, int] | None = None  # (time, step) when this process began training
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._start = (time.monotonic(), trainer.global_step)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if (
+            self._lines.is_terminal
+            or self._start is None
+            or trainer.sanity_checking
+            or trainer.state.fn != "fit"
+        ):
+            return
+        acc = trainer.callback_metrics.get("val/acc")
+        elapsed, first = time.monotonic() - self._start[0], self._start[1]
+        step = trainer.global_step
+        line = plain_line(
+            step, total_steps(trainer), None if acc is None else float(acc), elapsed, step - first
+        )
+        self._lines.print(line, highlight=False, soft_wrap=True)
 
     def configure_columns(self, trainer: pl.Trainer) -> list:
         columns = super().configure_columns(trainer)
