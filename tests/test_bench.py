@@ -127,3 +127,41 @@ def test_monitor_probe_times_the_default_monitor(monkeypatch):
     assert fraction == pytest.approx(seconds / (monitor.every_n_steps * 0.01), rel=0.05, abs=1e-5)
     assert f"every {monitor.every_n_steps} steps" in note and "gram" in note
     assert "beyond the verified" not in note  # every null value explained
+
+
+def test_real_batches_projects_the_reference_run(tiny_listops, tmp_path):
+    """``--real-batches``: steps on the prepared split's batches (real lengths), one validation pass,
+    and the reference run's cost as the sum of its parts (ListOps: 5000 steps, a validation every 50,
+    probes at 0, 1500, 3000, 4500 and 5000)."""
+    args = ["bench", "--attention", "softmax", "--real-batches", "--steps", "3", "--warmup", "1"]
+    args += ["--data-dir", str(tiny_listops), "--preset", "tiny", "--no-probe"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["batch_size"] == 32 and out["steps"] == 3
+    assert out["reference_run"] == {
+        "batch_size": 32,
+        "max_steps": 5000,
+        "val_check_interval": 50,
+        "probes": 5,
+        "validations": 100,
+    }
+    from datasets import load_from_disk
+
+    split = load_from_disk(str(tiny_listops / "listops" / "tiny" / "prepared"))
+    assert out["val_examples"] == len(split["val"])
+    lengths = split["train"]["length"]
+    assert 0 < out["real_tokens_per_step"] <= 32 * max(lengths)  # real tokens, not padded ones
+    parts = out["projected_run_s"]
+    assert parts["steps"] == pytest.approx(5000 * out["step_s_median"], abs=0.1)
+    assert parts["validations"] == pytest.approx(100 * out["val_pass_s"], abs=0.1)
+    assert parts["test"] == pytest.approx(out["val_pass_s"] * len(split["test"]) / len(split["val"]), abs=0.1)
+    assert parts["probes"] == 0.0 and out["cond_probe_s"] is None  # --no-probe
+    total = parts["steps"] + parts["validations"] + parts["test"] + parts["probes"]
+    assert parts["total"] == pytest.approx(total, abs=0.2)
+    assert out["loader_batches_per_s"] > 0
+
+
+def test_bench_without_shape_or_real_batches_is_one_line_error(tmp_path):
+    proc = run_cli(["bench", "--attention", "softmax", "--batch-size", "2"], tmp_path)
+    assert_one_line_error(proc, "--seq-len is required (or --real-batches to use the task's data)")

@@ -373,6 +373,7 @@ def run_on_data(args: argparse.Namespace) -> dict[str, Any]:
                 tokens.append(sum(int(v.sum()) for k, v in batch.items() if k.startswith("length")))
         val_s = evaluation_pass(model, dm.val_dataloader(), args.device)
     step = statistics.median(times)
+    loader, loader_note = loader_rate(argparse.Namespace(**{**vars(args), "batch_size": batch_size}))
     n_val, n_test = len(dm.splits["val"]), len(dm.splits["test"])
     validations = protocol["max_steps"] // protocol["val_check_interval"]
     parts = {
@@ -399,6 +400,8 @@ def run_on_data(args: argparse.Namespace) -> dict[str, Any]:
         "probe_gemm_gflops": None if gemm is None else round(gemm, 1),
         "peak_mem_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
         "mem_kind": mem.kind,
+        "loader_batches_per_s": loader,
+        "loader_note": loader_note,
         "reference_run": {**protocol, "validations": validations},
         "projected_run_s": {k: round(v, 1) for k, v in parts.items()}
         | {"total": round(sum(parts.values()), 1)},
