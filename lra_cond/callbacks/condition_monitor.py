@@ -27,7 +27,7 @@ from lra_cond.heap import heap_kept
 from lra_cond.models.attention.base import attention_layers
 from lra_cond.run_dir import run_dir_of, update_metrics
 
-# Sized on the measured probe cost (README, "Condition number"): a few seconds per probe at the
+# Sized on the measured probe cost (docs/conditioning.md): a few seconds per probe at the
 # ListOps reference shape, under 2% of training for every family at the ListOps config's batch 32.
 DEFAULT_EVERY_N_STEPS = 1500
 
@@ -38,8 +38,8 @@ class ConditionNumberMonitor(pl.Callback):
     theta_qkv is every parameter of the q, k, v projections (weights and biases): see
     ``lra_cond.conditioning.jacobian`` for the definition and why. On by default; one probe at the
     ListOps reference shape (dim 64, 2 layers, 2 heads x 32, 256 probe tokens, per-block values
-    included) takes seconds on a 2-core CPU with the default ``gram`` method (README, "Condition
-    number", has the measurements). kappa depends on the probe size (J is 8192 x 6240 per head at
+    included) takes seconds on a 2-core CPU with the default ``gram`` method (docs/conditioning.md
+    has the measurements). kappa depends on the probe size (J is 8192 x 6240 per head at
     256 tokens), so compare runs only at equal ``probe_tokens``. A short run still pays the probes
     at step 0 and at the end: ``--cond.every_n_steps 0`` disables the monitor.
 
