@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lra_cond.errors import Interrupted, OneLineParser, UserError
 from lra_cond.help_text import help_row, parse_error_message, prog
+from lra_cond.quiet import quiet_third_party
 from lra_cond.training.arguments import expand_shortcuts, pop_option
 
 TRAINER_COMMANDS = ("fit", "validate", "test")
@@ -392,6 +393,7 @@ def run_lightning(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_party()
     try:
         if not argv or argv[0] in ("-h", "--help"):
             print(top_help())

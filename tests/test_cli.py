@@ -22,7 +22,21 @@ def fitted(tmp_path_factory, tiny_listops) -> Path:
     args = ["fit", "--task", "listops", "--init", "conditioned", *TINY_FIT, "--model.lr", "1e-3"]
     proc = run_cli(args, cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (cwd / "fit.out").write_text(proc.stdout + proc.stderr)
     return cwd
+
+
+def test_console_shows_the_run_without_third_party_noise(fitted):
+    """Lightning's cloud-logger advertisement and its pytree deprecation warning are dropped; its
+    other messages (which device it uses) and the run's own output stay."""
+    out = (fitted / "fit.out").read_text()
+    assert "litlogger" not in out and "Tip:" not in out
+    assert "GPU available" in out and "test/acc" in out
+    args = ["validate", "--task", "listops", *TINY_FIT, "--init", "conditioned", "--model.lr", "1e-3"]
+    proc = run_cli([*args, "--ckpt_path", "last"], fitted)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "val/acc" in proc.stdout
+    assert "LeafSpec" not in proc.stdout + proc.stderr and "deprecated" not in proc.stderr
 
 
 def test_fit_writes_run_folder(fitted):
