@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lra_cond.errors import Interrupted, OneLineParser, UserError
+from lra_cond.errors import Interrupted, OneLineParser, UserError, user_path
 from lra_cond.help_text import help_row, parse_error_message, prog
 from lra_cond.quiet import quiet_third_party
 from lra_cond.training.arguments import expand_shortcuts, pop_option
@@ -87,9 +87,15 @@ def prepare_command(argv: list[str]) -> None:
     )
     p.add_argument("--task", required=True, help=f"one of: {', '.join(TASKS.names())}")
     p.add_argument("--preset", default="full", help="full (the LRA splits) or tiny (smoke-test size)")
-    p.add_argument("--data-dir", default=None, help="data root (default: $LRA_DATA, else ~/.cache/lra_cond)")
+    p.add_argument(
+        "--data-dir",
+        type=user_path,
+        default=None,
+        help="data root (default: $LRA_DATA, else ~/.cache/lra_cond)",
+    )
     p.add_argument(
         "--source",
+        type=user_path,
         default=None,
         help="downloaded data to read (official release folder or a local export); without it, synthetic "
         "tasks are generated, tiny presets use a fixture, and hub datasets are fetched",
@@ -141,7 +147,7 @@ def bench_command(argv: list[str]) -> None:
     p.add_argument("--padded", action="store_true", help="random lengths in [seq/2, seq] (padding)")
     p.add_argument("--attention-args", default="{}", help="JSON dict, e.g. '{\"num_landmarks\": 64}'")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--data-dir", default=None, help="prepared data root for the loader rate")
+    p.add_argument("--data-dir", type=user_path, default=None, help="prepared data root for the loader rate")
     p.add_argument("--preset", default="full", help="data preset for the loader rate")
     p.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the DataModule's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model and the random batches")
@@ -195,7 +201,7 @@ def compare_command(argv: list[str]) -> None:
 
     # A study config first, so that the options given on the command line override it.
     pre = OneLineParser(prog=f"{prog()} compare", add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", action="append", default=[])
+    pre.add_argument("--config", type=user_path, action="append", default=[])
     known, argv = pre.parse_known_args(argv)
     if len(known.config) > 1:
         raise UserError("compare takes one --config study file")
@@ -218,6 +224,7 @@ def compare_command(argv: list[str]) -> None:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     p.add_argument(
         "--run_root",
+        type=user_path,
         default="runs",
         help="runs go to RUN_ROOT/<task>[-<preset>][-<run_name>]/<attention>/<init>/seed<k> (the preset "
         "when it is not full)",
@@ -258,7 +265,7 @@ def report_command(argv: list[str]) -> None:
         prog=f"{prog()} report",
         description="Rebuild the init-comparison report from run folders RUNS_DIR/<init>/seed<k>/.",
     )
-    p.add_argument("runs_dir", help="e.g. runs/listops/softmax")
+    p.add_argument("runs_dir", type=user_path, help="e.g. runs/listops/softmax")
     args = p.parse_args(argv)
     print(f"report written to {rebuild_report(Path(args.runs_dir))}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, NoReturn
 
 
@@ -43,3 +44,9 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} (see: {self.prog} --help)")
+
+
+def user_path(text: str) -> str:
+    """A path option as a user means it: ``~`` and ``~user`` expanded (a shell does not expand them
+    inside quotes, after ``--opt=``, or in an environment variable's value)."""
+    return os.path.expanduser(text)

@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from lra_cond.callbacks.epochs import epochs_at
-from lra_cond.errors import UserError
+from lra_cond.errors import UserError, user_path
 from lra_cond.run_dir import read_metrics, run_dir_of, update_metrics
 
 
@@ -55,7 +55,7 @@ class EpochsToTarget(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.from_run is not None and self.target is None:
-            path = Path(self.from_run)
+            path = Path(user_path(self.from_run))
             run_dir = path.parent if path.name == "metrics.json" else path
             best = read_metrics(run_dir).get("best_val_acc")
             if best is None:

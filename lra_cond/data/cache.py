@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, load_from_disk
 
 from lra_cond.data.documents import is_ids, is_length, length_key
-from lra_cond.errors import UserError
+from lra_cond.errors import UserError, user_path
 from lra_cond.locks import FileLock
 
 MANIFEST = "manifest.json"
@@ -74,8 +74,8 @@ def default_data_dir() -> Path:
     (``$XDG_CACHE_HOME``, else ``~/.cache``), as Hugging Face datasets and torch hub do, so the same
     data is found from any working directory."""
     if os.environ.get("LRA_DATA"):
-        return Path(os.environ["LRA_DATA"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lra_cond"
+        return Path(user_path(os.environ["LRA_DATA"]))
+    return Path(user_path(os.environ.get("XDG_CACHE_HOME") or "~/.cache")) / "lra_cond"
 
 
 def task_dir(data_dir: str | Path, task: str, preset: str) -> Path:

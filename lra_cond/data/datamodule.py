@@ -18,7 +18,7 @@ from lra_cond.data.batches import PackedSplit, batch_identity
 from lra_cond.data.documents import document_keys, is_length
 from lra_cond.data.sampler import EpochShuffleSampler
 from lra_cond.data.tasks import TASKS, TaskSpec
-from lra_cond.errors import UserError
+from lra_cond.errors import UserError, user_path
 
 # The training loader resumes mid-epoch through this datamodule's state (see ``state_dict``), which
 # Lightning's check for a resumable DataLoader does not know about.
@@ -76,7 +76,7 @@ class LraDataModule(pl.LightningDataModule):
                 f"(the prepared cache holds at most {self.spec.max_len} tokens), got {max_len}"
             )
         self.task = task
-        self.data_dir = Path(data_dir) if data_dir else cache.default_data_dir()
+        self.data_dir = Path(user_path(data_dir)) if data_dir else cache.default_data_dir()
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise UserError(
                 f"data dir {self.data_dir} is not a directory; pass --data.data_dir DIR or set $LRA_DATA"

@@ -43,7 +43,7 @@ from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load
 from lra_cond.checks import check_model_args, check_seed, check_trainer_args, validation_gap
 from lra_cond.data import LraDataModule
 from lra_cond.data.tasks import TASKS
-from lra_cond.errors import Interrupted, UserError
+from lra_cond.errors import Interrupted, UserError, user_path
 from lra_cond.help_text import parse_error_message, plain_text, prog
 from lra_cond.init import INITS
 from lra_cond.models.attention import ATTENTIONS
@@ -209,7 +209,12 @@ class LraCLI(LightningCLI):
             self.check_config(subcommand, self.config[subcommand])
 
     def check_config(self, subcommand: str, cfg: Any) -> None:
-        """Every option's range, then ``--ckpt_path`` against the command (before anything is built)."""
+        """Every option's range, then ``--ckpt_path`` against the command (before anything is built).
+        Path options get ``~`` expanded first, so config.yaml records the folders really used."""
+        for key in ("run_root", "ckpt_path", "data.data_dir", "target.from_run"):
+            value = cfg.get(key)
+            if isinstance(value, str) and value.startswith("~"):
+                cfg[key] = user_path(value)
         check_seed(cfg.seed_everything)
         run_dir.check_run_name(cfg.run_name)
         check_trainer_args(cfg.trainer, fit=subcommand == "fit")
