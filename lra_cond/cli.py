@@ -388,7 +388,7 @@ def run_lightning(argv: list[str]) -> None:
         again = [*argv]
         pop_option(again, "--ckpt_path")
         raise Interrupted(
-            f"{e}; continue with: {prog()} {shlex.join([*again, '--ckpt_path', 'last'])}"
+            f"{e}; continue with: {prog()} {shlex.join([*again, '--ckpt_path', 'last'])}", status=e.status
         ) from None
     except ArgumentError as e:
         raise UserError(parse_error_message(e, argv[0])) from None
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except Interrupted as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(Interrupted.EXIT_STATUS)
+        sys.exit(e.status)
     except KeyboardInterrupt as e:  # outside training (which raises Interrupted): data generation, ...
         print(f"error: interrupted (Ctrl-C){f' {e}' if str(e) else ''}", file=sys.stderr)
         sys.exit(Interrupted.EXIT_STATUS)

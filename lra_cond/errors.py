@@ -12,14 +12,17 @@ class UserError(Exception):
 
 
 class Interrupted(Exception):
-    """The user stopped a command with Ctrl-C; the CLI prints the message as one ``error:`` line and
-    exits with status 130 (128 + SIGINT, the shell's convention)."""
+    """The user (Ctrl-C) or a scheduler (SIGTERM) stopped a command; the CLI prints the message as
+    one ``error:`` line and exits with 128 + the signal's number, the shell's convention: 130 for
+    SIGINT, 143 for SIGTERM."""
 
     EXIT_STATUS = 130
+    SIGTERM_STATUS = 143
 
-    def __init__(self, message: str, resumable: bool = False) -> None:
+    def __init__(self, message: str, resumable: bool = False, status: int = EXIT_STATUS) -> None:
         super().__init__(message)
         self.resumable = resumable  # fit: --ckpt_path last continues the run
+        self.status = status
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -52,3 +52,25 @@ class SigintAtStep(pl.Callback):
     def on_before_optimizer_step(self, trainer: pl.Trainer, *args: object) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGINT)
+
+
+class SigtermAtStep(pl.Callback):
+    """Send SIGTERM (a scheduler's preemption) to this process during training step ``step + 1``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class KillDuringValidation(pl.Callback):
+    """SIGKILL the process during the validation after training step ``step``, after its first batch."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step and not trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,7 +1,8 @@
-"""Ctrl-C during fit: SIGINT mid-step finishes that step, saves ``last.ckpt`` at it (after its
-validation when one is due), exits 130 with one ``error:`` line saying how to continue, and
-``--ckpt_path last`` continues from there: interrupted twice, the run ends bit-identical to an
-uninterrupted one (the resume test's protocol, with SIGINT instead of SIGKILL)."""
+"""Ctrl-C (SIGINT) or a scheduler's SIGTERM during fit finishes that step, saves ``last.ckpt`` at it
+(after its validation when one is due), exits 130 (143 for SIGTERM) with one ``error:`` line saying
+how to continue, and ``--ckpt_path last`` continues from there: interrupted twice, once by each
+signal, the run ends bit-identical to an uninterrupted one (the resume test's protocol, with
+signals instead of SIGKILL)."""
 
 from __future__ import annotations
 
@@ -24,21 +25,25 @@ def sigint_at(step: int) -> list[str]:
     return ["--trainer.callbacks+=crash_hooks.SigintAtStep", "--trainer.callbacks.step", str(step)]
 
 
-def assert_interrupted(proc, cwd: Path, root: str, step: int) -> None:
+def sigterm_at(step: int) -> list[str]:
+    return ["--trainer.callbacks+=crash_hooks.SigtermAtStep", "--trainer.callbacks.step", str(step)]
+
+
+def assert_interrupted(proc, cwd: Path, root: str, step: int, what: str = "Ctrl-C") -> None:
     run = cwd / root / RUN
     last = Path(root) / RUN / "checkpoints/last.ckpt"
-    assert proc.returncode == 130, proc.stderr[-3000:]
-    assert f"interrupted: stopping after this training step, with {last} saved at it" in proc.stderr
+    assert proc.returncode == (143 if what == "SIGTERM" else 130), proc.stderr[-3000:]
+    assert f"interrupted ({what}): stopping after this training step, with {last} saved at it" in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [proc.stderr.strip().splitlines()[-1]] and "Traceback" not in proc.stderr
     assert errors[0].startswith(
-        f"error: interrupted (Ctrl-C) at training step {step}; {last} holds that step"
+        f"error: interrupted ({what}) at training step {step}; {last} holds that step"
     )
     command = errors[0].split("; continue with: ", 1)[1]
     assert shlex.split(command)[-2:] == ["--ckpt_path", "last"] and "--run_root" in command
     assert load(run / "checkpoints/last.ckpt")["global_step"] == step
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["total_steps"] == step and metrics["stopped"] == f"interrupted (Ctrl-C) at step {step}"
+    assert metrics["total_steps"] == step and metrics["stopped"] == f"interrupted ({what}) at step {step}"
     assert "test_acc" not in metrics
 
 
@@ -52,10 +57,11 @@ def runs(tmp_path_factory, tiny_listops) -> Path:
     # Ctrl-C during step 9: not a checkpoint (every 4) or validation (every 6) step.
     first = run_cli([*ARGS, "--run_root", "sigint", *sigint_at(8)], cwd, env=HOOKS)
     assert_interrupted(first, cwd, "sigint", 9)
-    # Ctrl-C during step 12, a validation step: its validation runs first and is in last.ckpt.
-    again = run_cli([*ARGS, "--run_root", "sigint", "--ckpt_path", "last", *sigint_at(11)], cwd, env=HOOKS)
+    # A scheduler's SIGTERM during step 12, a validation step: its validation runs first and is in
+    # last.ckpt; resubmitting the command with --ckpt_path last continues.
+    again = run_cli([*ARGS, "--run_root", "sigint", "--ckpt_path", "last", *sigterm_at(11)], cwd, env=HOOKS)
     assert "resuming from" in again.stderr
-    assert_interrupted(again, cwd, "sigint", 12)
+    assert_interrupted(again, cwd, "sigint", 12, "SIGTERM")
     assert [s for s, _ in json.loads((cwd / "sigint" / RUN / "metrics.json").read_text())["val_history"]] == [
         6,
         12,
@@ -125,4 +131,6 @@ def test_ctrl_c_of_compare_stops_its_fit_gracefully(tiny_listops, tmp_path):
     )
     step = json.loads((run / "metrics.json").read_text())["total_steps"]
     assert 0 < step < 5000 and load(run / "checkpoints/last.ckpt")["global_step"] == step
-    assert err.count("interrupted: stopping after this training step") == 1  # one SIGINT reached the fit
+    assert (
+        err.count("interrupted (Ctrl-C): stopping after this training step") == 1
+    )  # one SIGINT reached the fit

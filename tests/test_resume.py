@@ -77,10 +77,17 @@ def runs(tmp_path_factory, tiny_listops) -> Path:
     assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL during step 9
     assert load(cwd / "crash" / RUN / "checkpoints/last.ckpt")["global_step"] == 8
 
+    # Killed during the validation of step 12, a checkpoint step: last.ckpt is still step 8's (one saved
+    # before that validation would make the resume skip it), so the resume repeats steps 9-12.
+    during = ["--trainer.callbacks+=crash_hooks.KillDuringValidation", "--trainer.callbacks.step", "12"]
+    midval = run_cli([*ARGS, "--run_root", "crash", "--ckpt_path", "last", *during], cwd, env=HOOKS)
+    assert midval.returncode == -9, midval.stderr[-3000:]
+    assert load(cwd / "crash" / RUN / "checkpoints/last.ckpt")["global_step"] == 8
+
     again = run_cli([*ARGS, "--run_root", "crash", "--ckpt_path", "last", *kill_at(12)], cwd, env=HOOKS)
     assert again.returncode == -9, again.stderr[-3000:]
     assert "resuming from" in again.stderr
-    assert load(cwd / "crash" / RUN / "checkpoints/last.ckpt")["global_step"] == 12
+    assert load(cwd / "crash" / RUN / "checkpoints/last.ckpt")["global_step"] == 12  # after its validation
 
     resumed = run_cli([*ARGS, "--run_root", "crash", "--ckpt_path", "last"], cwd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

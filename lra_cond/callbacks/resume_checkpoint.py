@@ -4,20 +4,22 @@ Kept apart from the best-by-validation ModelCheckpoint: in Lightning 2.6 a monit
 ModelCheckpoint rewrites ``last.ckpt`` only when the monitored metric improved, and one that also
 saved every N steps would rank step-time saves by a stale ``val/acc``.
 
-When a checkpoint step is also a validation step, ``last.ckpt`` is written again after the
-validation. Resuming from the pre-validation file would make Lightning skip that validation (it
-counts it as done), losing its entry in the validation history and its chance to be the best.
+When a checkpoint step is also a validation step, ``last.ckpt`` is written only after the
+validation. A file saved before it would make a resume skip that validation (Lightning counts it as
+done) if the process died during it, losing its entry in the validation history and its chance to
+be the best; without it, a resume repeats the steps since the previous checkpoint and the
+validation, and ends as the uninterrupted run did.
 Files are written atomically by Lightning, so a kill during a save leaves the previous one intact.
 
 A run folder that was moved (another ``--run_root``) is resumed in its new place: before any
 callback state is loaded, the checkpoint's paths are pointed at this folder, so the best checkpoint
 and its score survive the move.
 
-Ctrl-C (SIGINT) during training stops at the end of the current training step with ``last.ckpt``
-saved at that step (after that step's validation, when one is due, as above), then raises
-``KeyboardInterrupt`` for Lightning's graceful shutdown; ``--ckpt_path last`` continues from there,
-exactly as from a checkpoint of the regular cadence. A second Ctrl-C stops at once (Lightning's own
-handling; ``last.ckpt`` then stays at the previous save).
+Ctrl-C (SIGINT), or a scheduler's SIGTERM (preemption), during training stops at the end of the
+current training step with ``last.ckpt`` saved at that step (after that step's validation, when one
+is due, as above), then raises ``KeyboardInterrupt`` (its text: the signal) for Lightning's graceful
+shutdown; ``--ckpt_path last`` continues from there, exactly as from a checkpoint of the regular
+cadence. A second signal stops at once (``last.ckpt`` then stays at the previous save).
 """
 
 from __future__ import annotations
@@ -34,56 +36,76 @@ from rich.console import Console
 
 from lra_cond.checkpoints import relocate_callback_paths
 
+SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}  # what stops a run gracefully
+
 
 class ResumeCheckpoint(ModelCheckpoint):
     def __init__(self, every_n_train_steps: int) -> None:
-        super().__init__(every_n_train_steps=every_n_train_steps, save_top_k=0, save_last=True)
+        # Lightning's saving is off (no top-k, no last): this callback writes last.ckpt itself, at the
+        # cadence, after a due validation, on a signal and at the end (the ModelCheckpoint base gives
+        # the folder, resolved as Lightning resolves it).
+        super().__init__(every_n_train_steps=every_n_train_steps, save_top_k=0, save_last=False)
         self.every = every_n_train_steps
+        self._saved_at: int | None = None  # the step last.ckpt was last written at by this process
         self.interrupt_requested = False
-        self.interrupted_at: int | None = None  # the step last.ckpt was saved at after a Ctrl-C
-        self._previous_handler: Any = None
+        self.signal_name = ""  # "Ctrl-C" or "SIGTERM": what asked to stop
+        self.interrupted_at: int | None = None  # the step last.ckpt was saved at after a signal
+        self._previous_handlers: dict[int, Any] = {}
 
     @property
     def last_path(self) -> Path:
         return Path(self.dirpath or ".") / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
 
-    # --- Ctrl-C: stop at the end of the step, with last.ckpt at that step ---------------------------
+    # --- Ctrl-C and SIGTERM: stop at the end of the step, with last.ckpt at that step ----------------
 
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.interrupt_requested = True
-        self._restore_handler()  # a second Ctrl-C raises KeyboardInterrupt at once
+        self.signal_name = SIGNALS[signum]
+        self._restore_handlers()  # a second signal stops at once
         Console(stderr=True, soft_wrap=True, highlight=False).print(
-            f"interrupted: stopping after this training step, with {self.last_path} saved at it "
-            "(Ctrl-C again to stop at once, without saving)"
+            f"interrupted ({self.signal_name}): stopping after this training step, with {self.last_path} "
+            "saved at it (again to stop at once, without saving)"
         )
 
-    def _restore_handler(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGINT, self._previous_handler)
-            self._previous_handler = None
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+    def _interrupt(self) -> KeyboardInterrupt:
+        return KeyboardInterrupt(self.signal_name)
+
+    def _save(self, trainer: pl.Trainer) -> None:
+        trainer.save_checkpoint(self.last_path)
+        self._saved_at = trainer.global_step
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Only over Python's own handler, from the main thread (signal handlers live there).
-        if (
-            self.dirpath
-            and threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
-            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        # From the main thread (signal handlers live there). SIGINT only over Python's own handler;
+        # SIGTERM over Lightning's too, which would end the run without a checkpoint at its step.
+        if not self.dirpath or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore_handler()
-        super().on_train_end(trainer, pl_module)
+        self._restore_handlers()
+        if self.dirpath and not trainer.fast_dev_run and self._saved_at != trainer.global_step:
+            self._save(trainer)  # the end of training
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._restore_handler()
+        self._restore_handlers()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # The cadence's save, unless a validation follows: then on_validation_end saves (module doc).
+        step = trainer.global_step
+        validation = _validation_follows(trainer)
+        if self.dirpath and step > 0 and step % self.every == 0 and not validation:
+            self._save(trainer)
         if self.interrupted_at is not None:
             return
         if trainer.world_size > 1:  # every process stops at the same step (one saw the signal first)
@@ -92,10 +114,11 @@ class ResumeCheckpoint(ModelCheckpoint):
             )
         if not self.interrupt_requested:
             return
-        self.interrupted_at = trainer.global_step
-        trainer.save_checkpoint(self.last_path)
-        if not _validation_follows(trainer):
-            raise KeyboardInterrupt
+        self.interrupted_at = step
+        if not validation:
+            if self._saved_at != step:
+                self._save(trainer)
+            raise self._interrupt()
         # A validation is due at this step: it runs first, and on_validation_end saves and raises.
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -108,9 +131,9 @@ class ResumeCheckpoint(ModelCheckpoint):
             self.interrupt_requested, self.interrupted_at = True, trainer.global_step
         interrupted = self.interrupted_at is not None and self.interrupted_at == trainer.global_step
         if trainer.global_step > 0 and (trainer.global_step % self.every == 0 or interrupted):
-            trainer.save_checkpoint(self.last_path)
+            self._save(trainer)
         if interrupted:
-            raise KeyboardInterrupt
+            raise self._interrupt()
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

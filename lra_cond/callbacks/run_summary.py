@@ -93,9 +93,11 @@ class RunSummary(pl.Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # Ctrl-C during fit: metrics.json says how far the run got, and that it was interrupted.
+        # Ctrl-C or SIGTERM during fit: metrics.json says how far the run got, and what stopped it
+        # (ResumeCheckpoint raises KeyboardInterrupt("SIGTERM") on a SIGTERM).
         if isinstance(exception, KeyboardInterrupt) and trainer.state.fn == "fit" and trainer.global_step > 0:
-            self._write(trainer, stopped=f"interrupted (Ctrl-C) at step {trainer.global_step}")
+            what = str(exception) or "Ctrl-C"
+            self._write(trainer, stopped=f"interrupted ({what}) at step {trainer.global_step}")
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         acc = trainer.callback_metrics.get("test/acc")

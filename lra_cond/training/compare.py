@@ -195,7 +195,7 @@ def compare(
             cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
         print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
         rc = run_fit([sys.executable, "-m", "lra_cond", *cmd], threads)
-        if rc == Interrupted.EXIT_STATUS:
+        if rc in (Interrupted.EXIT_STATUS, Interrupted.SIGTERM_STATUS):
             raise Interrupted(
                 f"interrupted (Ctrl-C) during the fit of {init} seed {seed} ({path}); rerun compare to "
                 "continue: finished runs are reused and this one resumes from its last.ckpt"
@@ -241,9 +241,10 @@ def _fit_side_by_side(
         return
     print(f"{len(fits)} fit(s), {jobs} at a time with {threads} thread(s) each", flush=True)
     run_side_by_side(fits, jobs, threads)
-    interrupted = [f for f in fits if f.returncode == Interrupted.EXIT_STATUS]
+    stops = (Interrupted.EXIT_STATUS, Interrupted.SIGTERM_STATUS)
+    interrupted = [f for f in fits if f.returncode in stops]
     unstarted = [f for f in fits if f.returncode is None]
-    failed = [f for f in fits if f.returncode not in (None, 0, Interrupted.EXIT_STATUS)]
+    failed = [f for f in fits if f.returncode not in (None, 0, *stops)]
     if failed:
         names = "; ".join(f"{f.label} (exit {f.returncode}, log {f.log})" for f in failed)
         raise UserError(f"fit failed: {names}; rerun compare to resume the others")

@@ -439,22 +439,26 @@ class LraCLI(LightningCLI):
     def _interrupted(self) -> Interrupted:
         """What an interrupted command left: the step it stopped at and what last.ckpt holds."""
         trainer = self.trainer
-        if self.subcommand != "fit":
-            return Interrupted("interrupted (Ctrl-C)")
         resume = next((c for c in trainer.callbacks if isinstance(c, ResumeCheckpoint)), None)
+        what = (resume.signal_name if resume is not None else "") or "Ctrl-C"
+        status = Interrupted.SIGTERM_STATUS if what == "SIGTERM" else Interrupted.EXIT_STATUS
+        if self.subcommand != "fit":
+            return Interrupted(f"interrupted ({what})", status=status)
         if resume is None or not resume.dirpath:
-            return Interrupted(f"interrupted (Ctrl-C) at training step {trainer.global_step}")
+            return Interrupted(f"interrupted ({what}) at training step {trainer.global_step}", status=status)
         last = resume.last_path
         if trainer.state.fn == "test":
-            where = f"interrupted (Ctrl-C) while testing, after all {trainer.global_step} training steps"
+            where = f"interrupted ({what}) while testing, after all {trainer.global_step} training steps"
         else:
-            where = f"interrupted (Ctrl-C) at training step {trainer.global_step}"
+            where = f"interrupted ({what}) at training step {trainer.global_step}"
         if resume.interrupted_at is not None:
-            return Interrupted(f"{where}; {last} holds that step", resumable=True)
+            return Interrupted(f"{where}; {last} holds that step", resumable=True, status=status)
         if last.is_file():
             step = load_checkpoint(str(last)).get("global_step")
-            return Interrupted(f"{where}; {last} holds step {step}, the last one saved", resumable=True)
-        return Interrupted(f"{where}, before the first checkpoint: nothing to resume")
+            return Interrupted(
+                f"{where}; {last} holds step {step}, the last one saved", resumable=True, status=status
+            )
+        return Interrupted(f"{where}, before the first checkpoint: nothing to resume", status=status)
 
     def after_fit(self) -> None:
         trainer = self.trainer
