@@ -372,6 +372,19 @@ class RunFolder:
         self._before = self.files()
         self._dirs = {p for p in self.path.rglob("*") if p.is_dir()}
 
+    def restartable(self) -> bool:
+        """A run that stopped before its first checkpoint for a reason that does not repeat (a kill,
+        a signal, a crash), not one the NaN guard stopped: the same command may start it again."""
+        stopped = self.metrics.get("stopped") or ""
+        return self.state() is State.STARTED and (not stopped or stopped.startswith("interrupted"))
+
+    def clear(self) -> None:
+        """Remove every file of the run (under the lock): what a run that stopped before its first
+        checkpoint left, when the same command starts it again."""
+        for rel in sorted(self.files()):
+            (self.path / rel).unlink(missing_ok=True)
+        self._before = set()
+
     def mark_training(self) -> None:
         """Record in the lock file that training started (any process of the run may call this)."""
         with open(self.path / LOCK_FILE, "a") as f:

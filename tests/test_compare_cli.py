@@ -67,9 +67,8 @@ def test_compare_runs_all_then_reuses(compared: tuple[Path, str], tiny_listops: 
             assert f"{init} seed {seed}: fitting" in out
     report = (root / "compare" / "report.md").read_text()
     assert "warning" not in report.lower()  # same config apart from init and seed
-    rows = [
-        [c.strip() for c in ln.strip("|").split("|")] for ln in report.splitlines() if ln.startswith("| ")
-    ]
+    table = report.split("## Results\n\n", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines() if ln.startswith("| ")]
     assert [r[0] for r in rows[1:]] == ["default", "conditioned"]
     assert all(r[8] != "n/a" and r[9] != "n/a" for r in rows[1:])  # κ(J) measured at step 0 and end
     for plot in ("val_acc", "kappa", "weights_kappa"):

@@ -150,3 +150,24 @@ def test_sampler_resume_continues_the_same_order():
     assert batches(resumed) == epoch0[5:]  # re-iterating the resumed epoch skips again
     resumed.set_epoch(1)
     assert batches(resumed) == epoch1
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again(runs):
+    """Killed during step 3 (its first checkpoint is at step 4): the folder holds files but nothing
+    to resume. The same compare (whose fit asks --ckpt_path last) starts that run again from scratch,
+    and it ends as the uninterrupted run did."""
+    cwd = runs
+    early = run_cli([*ARGS, "--run_root", "early", *kill_at(2)], cwd, env=HOOKS)
+    assert early.returncode == -9, early.stderr[-3000:]
+    folder = cwd / "early" / RUN
+    assert (folder / "config.yaml").is_file() and not (folder / "checkpoints" / "last.ckpt").exists()
+    fit_options = ARGS[ARGS.index("--data.preset") :]
+    compare = ["compare", "--task", "listops", "--inits", "conditioned", "--seeds", "0", *fit_options]
+    again = run_cli([*compare, "--run_root", "early"], cwd)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "files of a run that stopped before its first checkpoint: starting it again" in again.stderr
+    a = load(cwd / "straight" / RUN / "checkpoints/last.ckpt")
+    b = load(folder / "checkpoints/last.ckpt")
+    assert a["global_step"] == b["global_step"] == 20
+    assert_same(a["state_dict"], b["state_dict"], "", "", "state_dict")
+    assert_same(a["callbacks"], b["callbacks"], "straight", "early", "callbacks")

@@ -25,6 +25,8 @@ from lra_cond.report.build import REPORT_DIR, report_title, write_report
 from lra_cond.report.collect import Run, config_differences, init_order, load_config
 from lra_cond.run_dir import State, read_metrics
 
+RESUMABLE = set(run_dir.RESUME_MAY_CHANGE)
+
 # Set per run by compare itself; in the overrides they would silently break the comparison.
 RESERVED = ("--init", "--model.init", "--seed_everything", "--task", "--data.task", "--ckpt_path")
 
@@ -167,18 +169,22 @@ def compare(
         folder = run_dir.RunFolder(run_dir.run_path(run_root, task, attention, init, seed, **where))
         state = folder.state()
         if state is not State.EMPTY:
-            diff = config_differences(reference, load_config(folder.path))
+            # The run's own config, apart from what a resume may change (how it is run and watched).
+            diff = [k for k in config_differences(reference, load_config(folder.path)) if k not in RESUMABLE]
             if diff:
                 raise UserError(
                     f"{folder.path} was run with a different config ({', '.join(diff)}); move it away or "
                     "use another --run_root"
                 )
-        if state is State.STARTED:
+        if state is State.STARTED and not folder.restartable():
             raise UserError(
                 f"{folder.path} holds {folder.describe()}: there is nothing to resume; move it away (or use "
                 "another --run_root) and rerun compare"
             )
-        action = {State.FINISHED: "reuse", State.UNFINISHED: "resume"}.get(state, "fit")
+        # A run that stopped before its first checkpoint (killed, not diverged) starts again.
+        action = {State.FINISHED: "reuse", State.UNFINISHED: "resume", State.STARTED: "resume"}.get(
+            state, "fit"
+        )
         plan.append((init, seed, folder.path, action))
 
     if jobs > 1:
@@ -192,7 +198,7 @@ def compare(
             continue
         cmd = fit_args(task, attention, init, seed, overrides)
         if action == "resume":
-            cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
+            cmd += ["--ckpt_path", "last"]
         print(f"{head}: {'resuming' if action == 'resume' else 'fitting'} -> {path}", flush=True)
         rc = run_fit([sys.executable, "-m", "lra_cond", *cmd], threads)
         if rc in (Interrupted.EXIT_STATUS, Interrupted.SIGTERM_STATUS):
@@ -234,7 +240,7 @@ def _fit_side_by_side(
             continue
         cmd = [sys.executable, "-m", "lra_cond", *fit_args(task, attention, init, seed, overrides)]
         if action == "resume":
-            cmd += ["--ckpt_path", str(run_dir.last_checkpoint(path))]
+            cmd += ["--ckpt_path", "last"]
         log = runs_dir / REPORT_DIR / "logs" / f"{init}-seed{seed}.log"
         fits.append(Fit(f"{init} seed {seed}", cmd, path, log, max_steps))
     if not fits:

@@ -360,8 +360,16 @@ class LraCLI(LightningCLI):
     def _start(self, folder: run_dir.RunFolder) -> None:
         mine = yaml.safe_load(self.resolved_config_text())
         state = folder.state()
-        console = Console(stderr=True)
+        console = Console(stderr=True, soft_wrap=True)
         if self._resume is None:
+            theirs = folder.config
+            same = not theirs or not run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE)
+            if self._note and same and folder.restartable():
+                # --ckpt_path last, and the run stopped before its first checkpoint (a kill or a
+                # scheduler's signal before training got that far): the same command starts it again.
+                console.print(f"[yellow]note:[/] {folder.path} holds {folder.describe()}: starting it again")
+                folder.clear()
+                self._note, state = None, run_dir.State.EMPTY
             if state is not run_dir.State.EMPTY:
                 raise UserError(self._occupied(folder, state, mine))
             if self._note:
