@@ -1,4 +1,5 @@
-"""``--ckpt_path`` files: read with one-line errors, compared with the command, relocated on resume."""
+"""``--ckpt_path`` files: read with one-line errors, compared with the command, relocated on resume;
+and written so that no kill or full disk leaves a damaged one (``AtomicCheckpointIO``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lra_cond.errors import UserError
 
@@ -105,3 +108,26 @@ def relocate_callback_paths(checkpoint: dict[str, Any], dirpath: str) -> None:
         if isinstance(state.get("best_k_models"), dict):
             state["best_k_models"] = {move(k): v for k, v in state["best_k_models"].items()}
         state["dirpath"] = dirpath
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer for local paths, written through ``run_dir.write_atomic``: a
+    temporary file beside the checkpoint, synced, then renamed. (Lightning's own writes to a
+    temporary file in $TMPDIR and moves it, which is a copy, interruptible half-way, when the run
+    root is on another filesystem.) Remote URLs (``s3://...``) keep Lightning's writer."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError("storage_options are not supported by AtomicCheckpointIO")
+        import io
+
+        import torch
+
+        from lra_cond.run_dir import write_atomic
+
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, buffer.getvalue())

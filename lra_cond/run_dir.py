@@ -15,9 +15,11 @@ process is not held and is not part of the run).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import types
 import typing
 from dataclasses import dataclass, field
@@ -175,10 +177,46 @@ def read_metrics(run_dir: str | Path) -> Metrics:
     return data  # type: ignore[return-value]
 
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a kill at any moment leaves either the old file or the new
+    one: a temporary file in the same folder (a rename within one filesystem is atomic; one from
+    $TMPDIR to a run root elsewhere is a copy), flushed to the disk, then renamed over ``path``.
+    A full disk is one error line naming the folder and the space the file needs, and leaves no
+    partial file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in NO_SPACE:
+            free = shutil.disk_usage(path.parent).free
+            kept = f"the previous {path.name} is intact" if path.exists() else "no partial file is left"
+            raise UserError(
+                f"no space left to write {path.name} in {path.parent} ({os.strerror(e.errno).lower()}: it "
+                f"needs {len(data) / 2**20:.1f} MB, {free / 2**20:.1f} MB are free); {kept}: free space "
+                "there and continue with --ckpt_path last"
+            ) from None
+        raise
+    try:  # the rename itself reaches the disk with the folder's entry
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # a filesystem that cannot sync a folder still renamed atomically
+
+
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text.encode())
 
 
 def update_metrics(run_dir: str | Path, *, drop: tuple[str, ...] = (), **entries: Any) -> Path:

@@ -74,3 +74,28 @@ class KillDuringValidation(pl.Callback):
     def on_validation_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
         if trainer.global_step == self.step and not trainer.sanity_checking:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillDuringSave(pl.Callback):
+    """SIGKILL while the checkpoint ``last.ckpt`` of training step ``step`` is half written: its
+    temporary file holds half the bytes, the rename has not happened."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step != self.step:
+            return
+        from pathlib import Path
+
+        import lra_cond.run_dir as run_dir
+
+        def half_then_kill(path: object, data: bytes) -> None:
+            target = Path(str(path))
+            if target.name == "last.ckpt":
+                target.with_name(f".{target.name}.{os.getpid()}.part").write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(path, data)
+
+        real = run_dir.write_atomic
+        run_dir.write_atomic = half_then_kill

@@ -9,7 +9,8 @@ validation. A file saved before it would make a resume skip that validation (Lig
 done) if the process died during it, losing its entry in the validation history and its chance to
 be the best; without it, a resume repeats the steps since the previous checkpoint and the
 validation, and ends as the uninterrupted run did.
-Files are written atomically by Lightning, so a kill during a save leaves the previous one intact.
+Files are written atomically (``checkpoints.AtomicCheckpointIO``), so a kill during a save leaves the
+previous one intact.
 
 A run folder that was moved (another ``--run_root``) is resumed in its new place: before any
 callback state is loaded, the checkpoint's paths are pointed at this folder, so the best checkpoint

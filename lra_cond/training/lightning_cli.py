@@ -39,7 +39,12 @@ from lra_cond.callbacks.finite_guard import FiniteGuard
 from lra_cond.callbacks.progress import StepProgressBar
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
-from lra_cond.checkpoints import best_checkpoint_name, hparams_differences, load_checkpoint
+from lra_cond.checkpoints import (
+    AtomicCheckpointIO,
+    best_checkpoint_name,
+    hparams_differences,
+    load_checkpoint,
+)
 from lra_cond.checks import check_model_args, check_seed, check_trainer_args, validation_gap
 from lra_cond.data import LraDataModule
 from lra_cond.data.tasks import TASKS
@@ -320,6 +325,8 @@ class LraCLI(LightningCLI):
         ]
         if cfg.trainer.log_every_n_steps is None:
             kwargs["log_every_n_steps"] = log_interval(cfg.trainer.max_steps)
+        if not cfg.trainer.get("plugins"):  # checkpoints written beside themselves, then renamed
+            kwargs["plugins"] = [AtomicCheckpointIO()]
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as e:
