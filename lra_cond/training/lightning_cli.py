@@ -37,6 +37,7 @@ from lra_cond import run_dir
 from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
 from lra_cond.callbacks.progress import StepProgressBar
+from lra_cond.callbacks.release_memory import ReleaseFreeMemory
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
 from lra_cond.checkpoints import (
@@ -121,6 +122,7 @@ class LraCLI(LightningCLI):
                     TensorBoardSummary(),
                     RngState(),
                     FiniteGuard(),
+                    ReleaseFreeMemory(),
                 ],
             },
             parser_kwargs={**PARSER_KWARGS, **({"prog": prog} if prog else {})},
