@@ -115,3 +115,43 @@ def test_warmup_that_fills_the_epochs_is_one_line_error(tmp_path, tiny_listops, 
     assert_one_line_error(
         proc, "model.warmup_steps=16 must be less than the 16 training steps (max_epochs x batches per epoch)"
     )
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--trainer.max_steps", "30"], 6),  # ListOps' 1000 of 5000: the same fifth
+        (["--trainer.max_steps=2000"], 400),
+        (["--trainer.max_steps", "3"], 2),  # 0.6 rounds to 1, which one-cycle cannot use: 2
+        (["--trainer.max_steps", "2"], 0),
+        (["--trainer.max_steps", "5000"], None),  # the config's own length
+        (["--trainer.max_steps", "30", "--model.warmup_steps", "5"], None),  # the user's own warm-up
+        (["--trainer.max_steps", "30", "--config", "mine.yaml"], None),  # a config of the user's
+        (["--trainer.max_steps", "-1"], None),
+        (["--model.lr", "1e-3"], None),
+    ],
+)
+def test_warmup_follows_a_max_steps_override(args, expected):
+    from lra_cond.training.arguments import CONFIG_DIR, scaled_warmup
+
+    got = scaled_warmup(CONFIG_DIR / "listops.yaml", args)
+    assert (None if got is None else got[0]) == expected
+    if got is not None:
+        assert (
+            got[1].startswith("note: warm-up scaled with --trainer.max_steps ") and "1000 of 5000" in got[1]
+        )
+
+
+def test_a_short_fit_with_only_max_steps_runs_with_a_note(tiny_listops, tmp_path):
+    from conftest import run_cli
+
+    args = ["fit", "--task", "listops", "--data.preset", "tiny", "--trainer.max_steps", "30"]
+    args += ["--cond.every_n_steps", "0", "--trainer.enable_progress_bar", "false"]
+    proc = run_cli(args, tmp_path, env={"LRA_DATA": str(tiny_listops)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    note = "note: warm-up scaled with --trainer.max_steps 30: 6 steps (the task config's 1000 of 5000)"
+    assert note in proc.stderr
+    import yaml
+
+    config = yaml.safe_load((tmp_path / "runs/listops-tiny/softmax/default/seed0/config.yaml").read_text())
+    assert config["model"]["warmup_steps"] == 6 and config["trainer"]["max_steps"] == 30

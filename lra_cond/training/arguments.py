@@ -1,9 +1,12 @@
 """Fit's command-line conventions on top of LightningCLI: ``--task T`` loads ``configs/defaults.yaml``
 and ``configs/T.yaml`` before any other argument (so later flags override them); ``--attention`` and
-``--init`` are shortcuts for ``--model.attention`` and ``--model.init``."""
+``--init`` are shortcuts for ``--model.attention`` and ``--model.init``. A ``fit`` that sets
+``--trainer.max_steps`` but no warm-up gets the task config's warm-up scaled to the same fraction of
+its steps (the reference schedule's shape), with a note saying so."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from lra_cond.errors import UserError
@@ -35,6 +38,56 @@ def pop_option(args: list[str], name: str) -> str | None:
     return value
 
 
+def _given(args: list[str], name: str) -> str | None:
+    """The value of the last ``name VALUE`` / ``name=VALUE`` in ``args`` (None if absent)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def scaled_warmup(task_config: Path, args: list[str]) -> tuple[int, str] | None:
+    """(warm-up, note) when ``args`` change ``trainer.max_steps`` from the task config's and give no
+    warm-up nor config file of their own: the config's warm-up at the same fraction of the steps
+    (e.g. ListOps' 1000 of 5000 -> 6 of 30). None otherwise (also for a max_steps that is not a
+    plain number: fit reports it)."""
+    steps = _given(args, "--trainer.max_steps")
+    if (
+        steps is None
+        or _given(args, "--model.warmup_steps") is not None
+        or _given(args, "--config") is not None
+    ):
+        return None
+    import yaml
+
+    config = yaml.safe_load(task_config.read_text()) or {}
+    warmup = (config.get("model") or {}).get("warmup_steps")
+    total = (config.get("trainer") or {}).get("max_steps")
+    try:
+        steps_n = int(steps)
+    except ValueError:
+        return None
+    if (
+        not isinstance(warmup, int)
+        or not isinstance(total, int)
+        or total <= 0
+        or steps_n in (total, -1)
+        or steps_n <= 0
+    ):
+        return None
+    scaled = round(warmup * steps_n / total)
+    if scaled == 1:  # the one-cycle schedule needs 0 or at least 2 warm-up steps
+        scaled = 2 if steps_n > 2 else 0
+    note = (
+        f"note: warm-up scaled with --trainer.max_steps {steps_n}: {scaled} steps (the task config's "
+        f"{warmup} of {total}); give --model.warmup_steps to choose"
+    )
+    return scaled, note
+
+
 def expand_shortcuts(argv: list[str]) -> list[str]:
     """Turn ``fit --task T --attention A --init I ...`` into plain LightningCLI arguments."""
     from lra_cond.data.tasks import TASKS
@@ -50,6 +103,10 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
         task_config = CONFIG_DIR / f"{task}.yaml"
         if task_config.is_file():
             prefix += ["--config", str(task_config)]
+            warmup = scaled_warmup(task_config, rest) if command == "fit" else None
+            if warmup is not None:
+                rest += ["--model.warmup_steps", str(warmup[0])]
+                print(warmup[1], file=sys.stderr)
         prefix += ["--data.task", task]
     for short, full in SHORTCUTS.items():
         value = pop_option(rest, short)
