@@ -26,6 +26,9 @@ class TaskSpec:
     generated: bool = False  # the source can be generated locally (no download needed)
     pair: bool = False  # two sequences per example (retrieval)
     fixture_presets: tuple[str, ...] = ()  # presets built from a data_prep fixture (no download)
+    # The tiny preset's batch, where the task's reference batch is larger than its tiny training split
+    # (``fit --task T --data.preset tiny`` then runs as written).
+    tiny_batch_size: int | None = None
 
     def local(self, preset: str) -> bool:
         """Whether ``preset`` can be built here without a downloaded source."""
@@ -173,6 +176,7 @@ TASKS.add(
         presets=("full", "tiny"),
         prepare_fn=_image,
         fixture_presets=("tiny",),
+        tiny_batch_size=16,  # 36 tiny training images against the reference's 256
     ),
 )
 # Pixel tasks: tokens are the pixel values 0..255 (0 is black, a real token; lengths are always full).
@@ -187,6 +191,7 @@ TASKS.add(
         presets=("full", "intermediate", "easy", "tiny"),
         prepare_fn=_pathfinder,
         generated=True,
+        tiny_batch_size=32,  # 128 tiny training images against the reference's 256
     ),
 )
 TASKS.add(
@@ -199,5 +204,6 @@ TASKS.add(
         presets=("full", "intermediate", "easy", "tiny"),
         prepare_fn=_pathx,
         generated=True,
+        tiny_batch_size=4,  # 25 tiny training images of 16384 tokens
     ),
 )

@@ -2,7 +2,8 @@
 and ``configs/T.yaml`` before any other argument (so later flags override them); ``--attention`` and
 ``--init`` are shortcuts for ``--model.attention`` and ``--model.init``. A ``fit`` that sets
 ``--trainer.max_steps`` but no warm-up gets the task config's warm-up scaled to the same fraction of
-its steps (the reference schedule's shape), with a note saying so."""
+its steps (the reference schedule's shape), with a note saying so; the tiny preset of a task whose
+reference batch exceeds its tiny split gets the task's ``tiny_batch_size``."""
 
 from __future__ import annotations
 
@@ -107,6 +108,13 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
             if warmup is not None:
                 rest += ["--model.warmup_steps", str(warmup[0])]
                 print(warmup[1], file=sys.stderr)
+        tiny_batch = TASKS.get(task).tiny_batch_size
+        if (
+            tiny_batch
+            and _given(rest, "--data.preset") == "tiny"
+            and _given(rest, "--data.batch_size") is None
+        ):
+            rest += ["--data.batch_size", str(tiny_batch)]  # the reference batch exceeds the tiny split
         prefix += ["--data.task", task]
     for short, full in SHORTCUTS.items():
         value = pop_option(rest, short)
