@@ -292,6 +292,14 @@ def _covered(key: str, keys: tuple[str, ...]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in keys)
 
 
+def config_value(config: dict[str, Any], key: str) -> Any:
+    """The value at a dotted ``key`` (``model.lr``) of a config, None where it has none."""
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
 def config_differences(a: dict[str, Any], b: dict[str, Any], ignored: tuple[str, ...] = ()) -> list[str]:
     """Dotted keys whose values differ between two configs, apart from the ``ignored`` ones."""
     fa, fb = flatten(a), flatten(b)

@@ -253,6 +253,16 @@ CATALOGUE = [
         "seed_everything must be",
     ),
     entry(
+        "compare --plan with a fit option fit refuses",
+        ["compare", "--task", "listops", "--model.lr", "0", "--plan"],
+        "model.lr must be positive, got 0.0",
+    ),
+    entry(
+        "compare with a fit option that sets the attention",
+        ["compare", "--task", "listops", "--model.attention", "linear", "--plan"],
+        "--model.attention is set by compare itself",
+    ),
+    entry(
         "compare over a run that stopped before its first checkpoint",
         [
             "compare",

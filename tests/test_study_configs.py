@@ -101,3 +101,13 @@ def test_bad_study_config_is_one_line_error(tmp_path, monkeypatch, capfd, text, 
         (tmp_path / "missing.yaml").write_text(text)
     proc = run_cli_in_process(["compare", "--config", "missing.yaml", "--plan"], tmp_path, monkeypatch, capfd)
     assert_one_line_error(proc, expected)
+
+
+def test_a_fit_config_that_sets_what_compare_owns_is_refused_before_the_plan(tmp_path, monkeypatch, capfd):
+    """A study's ``fit: {config: FILE}`` whose file sets the seed would train every "seed" into one
+    other seed folder: refused, before a plan is printed or a folder made."""
+    (tmp_path / "seed.yaml").write_text("seed_everything: 7\n")
+    (tmp_path / "study.yaml").write_text("task: listops\nfit:\n  config: seed.yaml\n")
+    proc = run_cli_in_process(["compare", "--config", "study.yaml", "--plan"], tmp_path, monkeypatch, capfd)
+    assert_one_line_error(proc, "the fit options set seed_everything to 7, which compare sets itself (0 for")
+    assert proc.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["seed.yaml", "study.yaml"]

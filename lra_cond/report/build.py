@@ -22,6 +22,7 @@ from lra_cond.report.table import (
     steps_by_seed_table,
     target_accuracy,
 )
+from lra_cond.run_dir import config_value
 
 REPORT_DIR = "compare"
 
@@ -68,13 +69,6 @@ def _finished(run: Run) -> str:
     return f"{m.get('total_steps')} steps" + ("" if run.finished else ", not finished")
 
 
-def _get(config: dict[str, Any], key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 def probe_sizes(runs: list[Run]) -> list[int]:
     """The real tokens the runs' probes held (``n_tokens`` in metrics.json's ``cond_history``),
     sorted: the monitor takes whole examples, so on short ones this differs from probe_tokens."""
@@ -92,7 +86,7 @@ def setup_of(runs: list[Run]) -> dict[str, str]:
     """The run setup a reader needs to tell a smoke test from a study, from the first run's
     config.yaml (the others are checked against it: see the warnings)."""
     config = next((r.config for r in runs if r.config), {})
-    get = functools.partial(_get, config)
+    get = functools.partial(config_value, config)
     out: dict[str, str] = {}
     if get("data.task"):
         out["task"] = str(get("data.task"))
@@ -153,7 +147,7 @@ def reproduction(runs: list[Run]) -> list[str]:
     beside the published numbers for this task and family and the test split's frequent-class rate;
     no lines without default runs with a test accuracy."""
     config = next((r.config for r in runs if r.config), {})
-    task, attention = _get(config, "data.task"), _get(config, "model.attention")
+    task, attention = config_value(config, "data.task"), config_value(config, "model.attention")
     tests = [r.metrics.get("test_acc") for r in runs if r.init == BASELINE]
     interval = t_interval(tests)
     if interval is None:
@@ -184,7 +178,7 @@ def chance_level(runs: list[Run]) -> float | None:
     """1 / number of classes of the runs' task (None for a task this suite does not know)."""
     from lra_cond.data.tasks import TASKS
 
-    task = next((_get(r.config, "data.task") for r in runs if r.config), None)
+    task = next((config_value(r.config, "data.task") for r in runs if r.config), None)
     return 1.0 / TASKS.get(task).num_classes if task in TASKS else None
 
 

@@ -28,7 +28,16 @@ from lra_cond.run_dir import State, read_metrics
 RESUMABLE = set(run_dir.RESUME_MAY_CHANGE)
 
 # Set per run by compare itself; in the overrides they would silently break the comparison.
-RESERVED = ("--init", "--model.init", "--seed_everything", "--task", "--data.task", "--ckpt_path")
+RESERVED = (
+    "--init",
+    "--model.init",
+    "--seed_everything",
+    "--task",
+    "--data.task",
+    "--attention",
+    "--model.attention",
+    "--ckpt_path",
+)
 
 
 # Keys of a study config (``compare --config FILE``): compare's own options, and ``fit``.
@@ -138,7 +147,10 @@ def compare(
         INITS.get(name)  # unknown names fail here, before any run
     for o in overrides:
         if o.split("=", 1)[0] in RESERVED:
-            raise UserError(f"{o.split('=', 1)[0]} is set by compare itself; use --inits/--seeds/--task")
+            name = o.split("=", 1)[0]
+            raise UserError(
+                f"{name} is set by compare itself; use compare's --task, --attention, --inits, --seeds"
+            )
     run_dir.check_run_name(run_name)
     overrides = [
         *overrides,
@@ -148,19 +160,36 @@ def compare(
     ]
     pairs = [(init, seed) for seed in seeds for init in inits]  # seed-major: paired runs finish together
 
-    if plan:
-        for init, seed in pairs:
-            cmd = fit_args(task, attention, init, seed, overrides)
-            print(shlex.join(["python", "-m", "lra_cond", *cmd]))
-        return None
-
+    # Every fit's options checked as fit checks them, before a plan is printed or anything runs.
     reference = resolved_config(fit_args(task, attention, inits[0], seeds[0], overrides))
+    owned = {
+        "data.task": task,
+        "model.attention": attention,
+        "model.init": inits[0],
+        "seed_everything": seeds[0],
+        "run_root": run_root,
+        "run_name": run_name,
+    }
+    for key, ours in owned.items():
+        theirs = run_dir.config_value(reference, key)
+        if theirs != ours:
+            raise UserError(
+                f"the fit options set {key} to {theirs!r}, which compare sets itself ({ours!r} for this "
+                "fit): remove it from the fit options (or from the config file they name); choose it "
+                "with compare's own --task, --attention, --inits, --seeds, --run_root, --run_name"
+            )
     gap = validation_gap(reference.get("trainer") or {})
     if gap:
         raise UserError(
             f"no fit of this compare would validate ({gap}), so the report would have no accuracies, target "
             "or steps-to-target; lower --trainer.val_check_interval or raise --trainer.max_steps"
         )
+    if plan:
+        for init, seed in pairs:
+            cmd = fit_args(task, attention, init, seed, overrides)
+            print(shlex.join(["python", "-m", "lra_cond", *cmd]))
+        return None
+
     where = {"preset": reference["data"]["preset"], "name": reference.get("run_name")}
     runs_dir = run_dir.runs_dir(run_root, task, attention, **where)
     # Decide every job first, so a conflicting folder stops compare before any training.
