@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from lra_cond.errors import UserError
+from lra_cond.yaml_files import check_config_file
 
 # The task configs: inside the package in an install (a wheel ships configs/ as lra_cond/configs/,
 # see pyproject.toml), beside it in a source checkout.
@@ -96,6 +97,11 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
     from lra_cond.models.attention import ATTENTIONS
 
     command, rest = argv[0], list(argv[1:])
+    for i, arg in enumerate(rest):  # the user's config files, before anything reads them
+        if arg == "--config" and i + 1 < len(rest):
+            check_config_file(rest[i + 1])
+        elif arg.startswith("--config="):
+            check_config_file(arg.split("=", 1)[1])
     task = pop_option(rest, "--task")
     prefix: list[str] = []
     if task is not None:

@@ -24,6 +24,7 @@ from lra_cond.errors import Interrupted, UserError
 from lra_cond.report.build import REPORT_DIR, report_title, write_report
 from lra_cond.report.collect import Run, config_differences, init_order, load_config
 from lra_cond.run_dir import State, read_metrics
+from lra_cond.yaml_files import strict
 
 RESUMABLE = set(run_dir.RESUME_MAY_CHANGE)
 
@@ -67,7 +68,7 @@ def study_args(path: str) -> list[str]:
     if not file.is_file():
         raise UserError(f"no such study config: {path}")
     try:
-        study = yaml.safe_load(file.read_text())
+        study = strict(yaml.safe_load)(file.read_text())
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(study, dict):

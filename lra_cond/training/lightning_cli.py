@@ -55,9 +55,12 @@ from lra_cond.init import INITS
 from lra_cond.models.attention import ATTENTIONS
 from lra_cond.training.arguments import SHORTCUTS, expand_shortcuts
 from lra_cond.training.module import LraModel, check_schedule
+from lra_cond.yaml_files import install_for_jsonargparse
 
 # A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
 PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
+
+install_for_jsonargparse()  # fit's YAML: a key given twice is an error
 # Lightning's special --ckpt_path values other than "last" name checkpoints of the running process.
 LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")
 # What seed_everything sets in the environment (for DDP ranks and dataloader workers).
