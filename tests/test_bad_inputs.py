@@ -253,6 +253,11 @@ CATALOGUE = [
         "seed_everything must be",
     ),
     entry(
+        "misspelt target metric",
+        [*FIT, "--target.acc", "0.3", "--target.metric", "val/accuracy"],
+        "unknown target.metric 'val/accuracy'; valid metrics: val/acc",
+    ),
+    entry(
         "compare --plan with a fit option fit refuses",
         ["compare", "--task", "listops", "--model.lr", "0", "--plan"],
         "model.lr must be positive, got 0.0",

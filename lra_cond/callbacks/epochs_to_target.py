@@ -16,6 +16,9 @@ from lra_cond.callbacks.epochs import epochs_at
 from lra_cond.errors import UserError, user_path
 from lra_cond.run_dir import read_metrics, run_dir_of, update_metrics
 
+# The accuracies fit logs at each validation (``LraModel``): what a target can be compared with.
+METRICS = ("val/acc",)
+
 
 class EpochsToTarget(pl.Callback):
     """Records when validation accuracy first reaches a target.
@@ -37,6 +40,8 @@ class EpochsToTarget(pl.Callback):
     ) -> None:
         if acc is not None and from_run is not None:
             raise UserError("give either target.acc or target.from_run, not both")
+        if metric not in METRICS:  # a misspelt name would never be logged: the target never reached
+            raise UserError(f"unknown target.metric '{metric}'; valid metrics: {', '.join(METRICS)}")
         if acc is not None and not 0.0 <= acc <= 1.0:
             raise UserError(f"target.acc must be in [0, 1] (a fraction, not a percentage), got {acc}")
         self.acc = acc
