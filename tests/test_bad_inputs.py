@@ -253,6 +253,16 @@ CATALOGUE = [
         "seed_everything must be",
     ),
     entry(
+        "data dir inside a prepared cache",
+        [*FIT, "--data.data_dir", "data/listops/tiny/prepared"],
+        "data dir data/listops/tiny/prepared is a prepared cache or part of one",
+    ),
+    entry(
+        "prepare into a task folder of a cache",
+        ["prepare", "--task", "listops", "--preset", "tiny", "--data-dir", "data/listops"],
+        "data dir data/listops is a prepared cache or part of one",
+    ),
+    entry(
         "misspelt target metric",
         [*FIT, "--target.acc", "0.3", "--target.metric", "val/accuracy"],
         "unknown target.metric 'val/accuracy'; valid metrics: val/acc",

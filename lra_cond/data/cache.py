@@ -78,6 +78,31 @@ def default_data_dir() -> Path:
     return Path(user_path(os.environ.get("XDG_CACHE_HOME") or "~/.cache")) / "lra_cond"
 
 
+def cache_around(data_dir: str | Path) -> Path | None:
+    """The prepared cache that ``data_dir`` is, or lies inside of, or that lies one or two levels
+    below it as ``<preset>/prepared`` or ``prepared`` (a task or preset folder given as the data
+    root); None for a proper data root."""
+    path = Path(data_dir).resolve()
+    for p in (path, *path.parents):
+        if p.name == "prepared" and (p / MANIFEST).is_file():
+            return p
+    for below in (path / "prepared", *path.glob("*/prepared")):
+        if (below / MANIFEST).is_file():
+            return below
+    return None
+
+
+def check_data_root(data_dir: str | Path, option: str) -> None:
+    """A data root that is a prepared cache or part of one is refused (a second cache would be built
+    inside the first); ``option`` names the flag to correct."""
+    inside = cache_around(data_dir)
+    if inside is not None:
+        raise UserError(
+            f"data dir {data_dir} is a prepared cache or part of one ({inside}); give the data root that "
+            f"holds <task>/<preset>/prepared: {option} {inside.parent.parent.parent}"
+        )
+
+
 def task_dir(data_dir: str | Path, task: str, preset: str) -> Path:
     return Path(data_dir) / task / preset
 

@@ -81,6 +81,7 @@ class LraDataModule(pl.LightningDataModule):
             raise UserError(
                 f"data dir {self.data_dir} is not a directory; pass --data.data_dir DIR or set $LRA_DATA"
             )
+        cache.check_data_root(self.data_dir, "--data.data_dir")
         self.preset = preset
         self.batch_size = batch_size
         if num_workers is not None and num_workers < 0:

@@ -67,6 +67,7 @@ class TaskSpec:
             )
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be >= 1 (generator processes), got {workers}")
+        cache.check_data_root(data_dir, "--data-dir")
         out = cache.task_dir(data_dir, self.name, preset)
         prepared = cache.prepared_dir(data_dir, self.name, preset)
 
