@@ -533,6 +533,9 @@ def fitted(tmp_path_factory, tiny_listops) -> Path:
     without_test_acc(cwd / runs_at("partial"))
     for best in (cwd / runs_at("partial") / "checkpoints").glob("best-*.ckpt"):
         best.unlink()
+    shutil.copytree(cwd / RUN, cwd / runs_at("noconfig"))
+    without_test_acc(cwd / runs_at("noconfig"))
+    (cwd / runs_at("noconfig") / "config.yaml").unlink()
     started = cwd / runs_at("started")
     started.mkdir(parents=True)
     shutil.copy(cwd / RUN / "config.yaml", started / "config.yaml")
@@ -628,6 +631,11 @@ RUN_CASES = [
         "resume a run that stopped before its first checkpoint",
         [*RUN_FIT, "--run_root", "started", *LAST],
         "stopped before its first checkpoint (non-finite loss (nan) at step 2); nothing to resume",
+    ),
+    entry(
+        "resume a run whose config.yaml was deleted",
+        [*RUN_FIT, "--trainer.max_steps", "40", "--run_root", "noconfig", *LAST],
+        "it has checkpoints but no config.yaml, so this command's options cannot be checked",
     ),
     entry(
         "moved without its best checkpoint",

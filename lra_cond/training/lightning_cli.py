@@ -402,7 +402,14 @@ class LraCLI(LightningCLI):
                 "differently start a new run elsewhere with --run_root DIR"
             )
         theirs = folder.config
-        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE) if theirs else []
+        if not theirs:
+            name = run_dir.CONFIG_FILE
+            raise UserError(
+                f"cannot resume {folder.path}: it has checkpoints but no {name}, so this command's options "
+                f"cannot be checked against the run's; restore its {name}, or start a new run elsewhere "
+                "with --run_root DIR"
+            )
+        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE)
         if diff:
             raise UserError(
                 f"cannot resume {folder.path}: this command changes {', '.join(diff)}, which a resume may "
@@ -424,7 +431,7 @@ class LraCLI(LightningCLI):
             )
         console.print(f"resuming from {path}")
         self._run_start.folder, self._run_start.resume = folder, True
-        self._run_start.config_text = None if theirs else self.resolved_config_text()
+        self._run_start.config_text = None
 
     def _occupied(self, folder: run_dir.RunFolder, state: run_dir.State, mine: dict[str, Any]) -> str:
         """The refusal of a new run in a folder that holds one."""
