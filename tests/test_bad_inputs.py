@@ -263,6 +263,14 @@ CATALOGUE = [
         "data dir data/listops is a prepared cache or part of one",
     ),
     entry(
+        "a probe too large for the machine",
+        [*FIT, "--cond.probe_tokens", "100000"],
+        "cond.probe_tokens must be in 1..2048, got 100000",
+    ),
+    entry(
+        "a null-space tolerance out of range", [*FIT, "--cond.rtol", "0.5"], "cond.rtol must be in (0, 1e-3)"
+    ),
+    entry(
         "misspelt target metric",
         [*FIT, "--target.acc", "0.3", "--target.metric", "val/accuracy"],
         "unknown target.metric 'val/accuracy'; valid metrics: val/acc",

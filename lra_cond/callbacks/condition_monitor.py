@@ -30,6 +30,8 @@ from lra_cond.run_dir import run_dir_of, update_metrics
 # Sized on the measured probe cost (docs/conditioning.md): a few seconds per probe at the
 # ListOps reference shape, under 2% of training for every family at the ListOps config's batch 32.
 DEFAULT_EVERY_N_STEPS = 1500
+# 256 tokens is a probe of seconds; 2048 already forms 65536-row Jacobians per head (minutes, GBs).
+MAX_PROBE_TOKENS = 2048
 
 
 class ConditionNumberMonitor(pl.Callback):
@@ -68,8 +70,16 @@ class ConditionNumberMonitor(pl.Callback):
             raise UserError(f"cond.every_n_steps must be >= 0 (0 disables), got {every_n_steps}")
         if method not in METHODS:
             raise UserError(f"cond.method must be one of {', '.join(METHODS)}, got '{method}'")
-        if probe_tokens <= 0:
-            raise UserError(f"cond.probe_tokens must be positive, got {probe_tokens}")
+        if not 0 < probe_tokens <= MAX_PROBE_TOKENS:
+            raise UserError(
+                f"cond.probe_tokens must be in 1..{MAX_PROBE_TOKENS}, got {probe_tokens} (a probe's Jacobian "
+                "has tokens x head_dim rows per head: its time and memory grow faster than the tokens)"
+            )
+        if not 0.0 < rtol < 1e-3:
+            raise UserError(
+                f"cond.rtol must be in (0, 1e-3) (singular values below rtol x the largest are null), "
+                f"got {rtol}"
+            )
         self.every_n_steps = every_n_steps
         self.method = method
         self.probe_tokens = probe_tokens
