@@ -7,6 +7,7 @@ from torch or Lightning in the middle of a run).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lra_cond.errors import UserError
@@ -78,6 +79,10 @@ def _fraction_or_count(name: str, value: Any, zero_ok: bool) -> None:
         )
 
 
+# Set by a multi-node launcher: SLURM's job, or torchrun's rendezvous.
+CLUSTER_ENV = ("SLURM_JOB_ID", "MASTER_ADDR", "NODE_RANK", "WORLD_SIZE")
+
+
 def check_trainer_args(trainer: Any, fit: bool) -> None:
     """Trainer options Lightning accepts but that crash later or train nothing."""
     steps = trainer.get("max_steps")
@@ -101,6 +106,14 @@ def check_trainer_args(trainer: Any, fit: bool) -> None:
     every = trainer.get("check_val_every_n_epoch")
     if every is not None and every < 1:
         raise UserError(f"trainer.check_val_every_n_epoch must be >= 1 (or null), got {every}")
+    nodes = trainer.get("num_nodes")
+    if isinstance(nodes, int) and nodes > 1 and not any(os.environ.get(v) for v in CLUSTER_ENV):
+        # Without a launcher's rendezvous variables, each node's process waits for the others forever.
+        raise UserError(
+            f"trainer.num_nodes {nodes} needs a cluster launcher (SLURM's srun, or torchrun setting "
+            f"{', '.join(CLUSTER_ENV[1:])}); on one machine use --trainer.num_nodes 1 and "
+            "--trainer.devices N"
+        )
     accumulate = trainer.get("accumulate_grad_batches")
     if accumulate is not None and accumulate < 1:
         raise UserError(f"trainer.accumulate_grad_batches must be >= 1, got {accumulate}")

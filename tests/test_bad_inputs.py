@@ -270,6 +270,12 @@ CATALOGUE = [
     entry(
         "a null-space tolerance out of range", [*FIT, "--cond.rtol", "0.5"], "cond.rtol must be in (0, 1e-3)"
     ),
+    entry("more prepare workers than cores", [*PREPARE, "--workers", "4096"], "got 4096"),
+    entry(
+        "several nodes without a cluster",
+        [*FIT, "--trainer.num_nodes", "2"],
+        "trainer.num_nodes 2 needs a cluster launcher",
+    ),
     entry(
         "misspelt target metric",
         [*FIT, "--target.acc", "0.3", "--target.metric", "val/accuracy"],
@@ -327,7 +333,7 @@ CATALOGUE = [
     entry(
         "zero prepare workers",
         [*PREPARE, "--workers", "0"],
-        "--workers must be >= 1 (generator processes), got 0",
+        "--workers must be in 1..",
     ),
     # --- a run that would train nothing (was a "finished" run with a test accuracy) ---
     entry(

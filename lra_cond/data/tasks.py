@@ -65,8 +65,12 @@ class TaskSpec:
             raise UserError(
                 f"unknown preset '{preset}' for task {self.name}; valid presets: {', '.join(self.presets)}"
             )
-        if workers is not None and workers < 1:
-            raise UserError(f"--workers must be >= 1 (generator processes), got {workers}")
+        cores = os.cpu_count() or 1
+        if workers is not None and not 1 <= workers <= cores:
+            raise UserError(
+                f"--workers must be in 1..{cores} (generator processes, at most this machine's cores), "
+                f"got {workers}"
+            )
         cache.check_data_root(data_dir, "--data-dir")
         out = cache.task_dir(data_dir, self.name, preset)
         prepared = cache.prepared_dir(data_dir, self.name, preset)
