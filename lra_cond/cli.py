@@ -177,6 +177,14 @@ def bench_command(argv: list[str]) -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is available; use --device cpu")
+    if not args.real_batches and args.device == "cpu":
+        need = bench.estimated_bytes(args.batch_size, args.seq_len, args.explicit)
+        free = bench.available_bytes()
+        if free is not None and need > free:
+            raise UserError(
+                f"bench: {args.batch_size} x {args.seq_len} tokens need about {need / 2**30:.1f} GB to "
+                f"train, {free / 2**30:.1f} GB are available; lower --batch-size or --seq-len"
+            )
     print(json.dumps(bench.run_on_data(args) if args.real_batches else bench.run(args)), flush=True)
 
 

@@ -272,6 +272,11 @@ CATALOGUE = [
     ),
     entry("more prepare workers than cores", [*PREPARE, "--workers", "4096"], "got 4096"),
     entry(
+        "a bench shape larger than memory",
+        ["bench", "--attention", "softmax", "--seq-len", "1000000", "--batch-size", "64"],
+        "bench: 64 x 1000000 tokens need about 953.7 GB to train",
+    ),
+    entry(
         "several nodes without a cluster",
         [*FIT, "--trainer.num_nodes", "2"],
         "trainer.num_nodes 2 needs a cluster launcher",

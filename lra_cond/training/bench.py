@@ -25,6 +25,28 @@ import torch.nn.functional as F
 
 from lra_cond.data.documents import document_keys
 
+# Training memory per token of the reference model (dim 64, MLP 128, 2 layers): the activations kept
+# for the backward, about 4000 floats a token (measured 1.6-2.0 GB for ListOps' ~33k tokens a step).
+BYTES_PER_TOKEN = 16_000
+
+
+def estimated_bytes(batch: int, seq: int, explicit: bool, heads: int = 2, layers: int = 2) -> int:
+    """Rough training memory of one ``bench`` step: linear in the tokens, plus the N x N matrices the
+    explicit attention path keeps (scores, probabilities, their gradients) per head and layer."""
+    quadratic = 4 * 4 * batch * heads * layers * seq * seq if explicit else 0
+    return BYTES_PER_TOKEN * batch * seq + quadratic
+
+
+def available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
 
 def random_batch(
     spec: Any, batch: int, seq: int, padded: bool, gen: torch.Generator
