@@ -342,3 +342,46 @@ def test_report_without_validation_says_what_happened(tmp_path: Path) -> None:
     assert f"- **warning:** {why}: no target accuracy, steps-to-target or speedup." in report
     assert "no `default` init runs" not in report
     assert "- Validation accuracy vs step: no data in these runs." in report
+
+
+@pytest.mark.parametrize(
+    "where, damage, expected",
+    [
+        (
+            "metrics",
+            {"val_history": [[100, 0.5], [200]]},
+            "metrics.json: val_history[1] = [200] is not a [step",
+        ),
+        (
+            "metrics",
+            {"cond_history": [{"step": 0, "layers": [{"kappa": "big"}]}]},
+            "metrics.json: cond_history[0].layers[0].kappa = 'big' is not a number",
+        ),
+        ("metrics", {"label_counts": {"test": ["a"]}}, "metrics.json: label_counts = {'test': ['a']} is not"),
+        (
+            "config",
+            {"trainer": {"max_steps": "five"}},
+            "config.yaml: trainer.max_steps = 'five' is not a number",
+        ),
+        ("config", {"model": {"lr": "1e-4"}}, "config.yaml: model.lr = '1e-4' is not a number"),
+    ],
+)
+def test_damaged_run_files_are_one_line_and_no_report_folder(tmp_path, capsys, where, damage, expected):
+    root = tmp_path / "r"
+    for seed in (0, 1):
+        write_run(root, "default", seed, [[100, 0.5]], 0.5, base_config("default", seed))
+    run = root / "default" / "seed1"
+    if where == "metrics":
+        path = run / "metrics.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | damage))
+    else:
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        for section, values in damage.items():
+            config[section].update(values)
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(root)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {run}/") and expected in err[0], err
+    assert not (root / "compare").exists()

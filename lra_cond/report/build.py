@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from lra_cond.report.check import check_run
 from lra_cond.report.collect import BASELINE, Run, collect_runs, config_differences
 from lra_cond.report.plots import plot_all
 from lra_cond.report.published import published
@@ -195,6 +196,8 @@ def json_safe(value: Any) -> Any:
 
 def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     """Write ``out_dir/report.md`` (+ summary.json and PNGs) for ``runs``; return the report path."""
+    for run in runs:  # before any file or folder is written
+        check_run(run)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = target_accuracy(runs)
     rows = build_rows(runs, target)
