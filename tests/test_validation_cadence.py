@@ -76,7 +76,7 @@ def test_steps_to_target_has_the_config_cadence(tmp_path: Path) -> None:
     assert [s for s, _ in metrics["val_history"]] == [50, 100, 150, 200, 250, 300]
 
     rows = build_rows([Run("default", 0, Path(trainer.log_dir), metrics)], TARGET)
-    assert rows[0].steps_per_seed == [150]  # a 250-step cadence could only have said 250
+    assert rows[0].steps_per_seed == {0: 150}  # a 250-step cadence could only have said 250
     assert rows[0].epochs.mean == 150 / 70
 
 

@@ -77,6 +77,7 @@ class ResumeCheckpoint(ModelCheckpoint):
         return KeyboardInterrupt(self.signal_name)
 
     def _save(self, trainer: pl.Trainer) -> None:
+        self.last_model_path = str(self.last_path)  # ModelCheckpoint's record (the NaN guard reads it)
         trainer.save_checkpoint(self.last_path)
         self._saved_at = trainer.global_step
 
