@@ -6,12 +6,14 @@ import pickle
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from datasets import Dataset, concatenate_datasets
 
 from lra_cond.data.batches import PackedSplit
 from lra_cond.data.cache import ragged
 from lra_cond.data.datamodule import LraDataModule
+from lra_cond.errors import UserError
 
 
 def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -96,3 +98,29 @@ def test_datamodule_loader_covers_the_split_once(tiny_listops):
     for b in dm.probe_dataloader():
         probe_rows += [row[:n] for row, n in zip(b["input_ids"].tolist(), b["length"].tolist())]
     assert probe_rows == want  # the probe's loader: the split in its own order
+
+
+def test_dropped_tokens_leave_every_sequence_and_its_length(tiny_listops):
+    """``--data.drop_tokens '["]"]'``: ListOps without its closing brackets (the reference pipeline's
+    input before LRA's tokenizer fix): each row is the original minus those ids, in order."""
+    plain = LraDataModule("listops", str(tiny_listops), "tiny", batch_size=8)
+    dropped = LraDataModule("listops", str(tiny_listops), "tiny", batch_size=8, drop_tokens=["]"])
+    plain.setup("fit")
+    dropped.setup("fit")
+    closing = 5  # "]": after the four operators
+    for a, b in zip(plain.val_dataloader(), dropped.val_dataloader()):
+        for i in range(len(a["length"])):
+            row = a["input_ids"][i, : a["length"][i]]
+            want = row[row != closing]
+            assert int(b["length"][i]) == len(want) < len(row)
+            assert torch.equal(b["input_ids"][i, : b["length"][i]], want)
+            assert not bool((b["input_ids"][i, b["length"][i] :] != 0).any())
+
+
+def test_drop_tokens_names_are_checked(tiny_listops):
+    with pytest.raises(
+        UserError, match=r"unknown token '\)' in data.drop_tokens; valid tokens of listops: \[MIN"
+    ):
+        LraDataModule("listops", str(tiny_listops), "tiny", drop_tokens=[")"])
+    with pytest.raises(UserError, match="data.drop_tokens needs a symbol vocabulary; task text has none"):
+        LraDataModule("text", str(tiny_listops), "tiny", drop_tokens=["a"])

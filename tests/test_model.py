@@ -127,3 +127,20 @@ def test_training_step_creates_its_tensors_on_the_inputs_device(family: str, mod
         loss_meta, grads_meta = seeded_loss_and_grads(model, batch)
     assert torch.equal(loss, loss_meta) and loss.device.type == "cpu"
     assert len(grads) == len(grads_meta) and all(torch.equal(a, b) for a, b in zip(grads, grads_meta))
+
+
+def test_pool_length_divides_the_real_tokens_sum_by_a_fixed_length():
+    """The reference's mean over a batch padded to N: an example of L real tokens scaled by L / N."""
+    h = torch.randn(3, 7, 5)
+    lengths = torch.tensor([7, 3, 1])
+    mask = padding_mask(lengths, 7)
+    got = masked_mean(h, mask, pool_length=2048)
+    torch.testing.assert_close(got, masked_mean(h, mask) * (lengths[:, None] / 2048))
+    model = small_model("default")
+    model.encoder.cfg.pool_length = 64
+    ids = torch.randint(1, 16, (3, 20))
+    ids[padding_mask(torch.tensor([20, 13, 5]), 20)] = 0
+    scaled = model.encoder(ids, torch.tensor([20, 13, 5]))
+    model.encoder.cfg.pool_length = None
+    mean = model.encoder(ids, torch.tensor([20, 13, 5]))
+    torch.testing.assert_close(scaled, mean * torch.tensor([20, 13, 5])[:, None] / 64)

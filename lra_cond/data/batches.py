@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from lra_cond.data.documents import is_ids, is_length
+from lra_cond.data.documents import ids_key, is_ids, is_length
 
 
 class _Ragged:
@@ -50,11 +50,13 @@ class PackedSplit(Dataset):
     Args:
         split: a ``datasets.Dataset`` of the prepared cache (any format).
         max_len: keep only the first ``max_len`` tokens of each sequence (and cap ``length*``).
+        drop_ids: token ids removed from every sequence before padding (lengths follow).
     """
 
-    def __init__(self, split: Any, max_len: int | None = None) -> None:
+    def __init__(self, split: Any, max_len: int | None = None, drop_ids: tuple[int, ...] = ()) -> None:
         self.split = split
         self.max_len = max_len
+        self.drop_ids = tuple(drop_ids)
         self._build()
 
     def _build(self) -> None:
@@ -70,9 +72,14 @@ class PackedSplit(Dataset):
 
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         idx = np.asarray(indices, dtype=np.int64)
-        batch = {name: pad_rows(col.rows(idx), self.max_len) for name, col in self.ragged.items()}
+        rows = {name: col.rows(idx) for name, col in self.ragged.items()}
+        if self.drop_ids:  # the tokens a variant leaves out (e.g. ListOps' closing brackets)
+            rows = {name: [r[~np.isin(r, self.drop_ids)] for r in rs] for name, rs in rows.items()}
+        batch = {name: pad_rows(rs, self.max_len) for name, rs in rows.items()}
         for name, col in self.scalars.items():
             values = col[idx]
+            if self.drop_ids and is_length(name):
+                values = np.array([len(r) for r in rows[ids_key(name)]], dtype=np.int64)
             if self.max_len and is_length(name):
                 values = np.minimum(values, self.max_len)
             batch[name] = torch.from_numpy(values)
@@ -85,7 +92,7 @@ class PackedSplit(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes get the Dataset (pickled by file reference) and rebuild their views,
         # rather than a pickled copy of every token.
-        return {"split": self.split, "max_len": self.max_len}
+        return {"split": self.split, "max_len": self.max_len, "drop_ids": self.drop_ids}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

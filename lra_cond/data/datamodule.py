@@ -45,6 +45,9 @@ class LraDataModule(pl.LightningDataModule):
         max_len: keep only the first ``max_len`` tokens of every sequence (default: the task's
             maximum, all that the cache holds). E.g. 1000 for the shorter text setup; the CLI links
             it to ``model.max_len`` so the position table matches.
+        drop_tokens: symbols left out of every sequence, for a task with a symbol vocabulary
+            (ListOps): ``["]"]`` gives the input of the LRA pipeline before its tokenizer fix, which
+            the published Nyströmformer numbers were measured on (docs/differences.md).
 
     The training order is a seeded permutation per epoch (``EpochShuffleSampler``); its seed is the
     global seed at the first ``train_dataloader()`` (``seed_everything``), and it is saved in
@@ -61,6 +64,7 @@ class LraDataModule(pl.LightningDataModule):
         num_workers: int | None = None,
         seed: int = 0,
         max_len: int | None = None,
+        drop_tokens: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.spec: TaskSpec = TASKS.get(task)
@@ -75,6 +79,7 @@ class LraDataModule(pl.LightningDataModule):
                 f"data.max_len must be in 1..{self.spec.max_len} for task {task} "
                 f"(the prepared cache holds at most {self.spec.max_len} tokens), got {max_len}"
             )
+        self.drop_ids = self._token_ids(drop_tokens or [])
         self.task = task
         self.data_dir = Path(user_path(data_dir)) if data_dir else cache.default_data_dir()
         if self.data_dir.exists() and not self.data_dir.is_dir():
@@ -93,6 +98,20 @@ class LraDataModule(pl.LightningDataModule):
         self.shuffle_seed: int | None = None
         self._train_sampler: EpochShuffleSampler | None = None
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches already trained in it)
+
+    def _token_ids(self, symbols: list[str]) -> tuple[int, ...]:
+        if not symbols:
+            return ()
+        if self.spec.vocabulary is None:
+            raise UserError(f"data.drop_tokens needs a symbol vocabulary; task {self.spec.name} has none")
+        vocabulary = self.spec.vocabulary()
+        unknown = [s for s in symbols if s not in vocabulary]
+        if unknown:
+            raise UserError(
+                f"unknown token {unknown[0]!r} in data.drop_tokens; valid tokens of {self.spec.name}: "
+                f"{', '.join(vocabulary)}"
+            )
+        return tuple(vocabulary[s] for s in symbols)
 
     @property
     def path(self) -> Path:
@@ -144,7 +163,7 @@ class LraDataModule(pl.LightningDataModule):
     def _loader(self, split: str, sampler: EpochShuffleSampler | list[int] | None = None) -> DataLoader:
         # Whole batches come from the Arrow columns at once (PackedSplit.__getitems__).
         return DataLoader(
-            PackedSplit(self.splits[split], max_len=self.max_len),
+            PackedSplit(self.splits[split], max_len=self.max_len, drop_ids=self.drop_ids),
             batch_size=self.batch_size,
             sampler=sampler,
             drop_last=isinstance(sampler, EpochShuffleSampler),

@@ -27,3 +27,8 @@ def is_length(key: str) -> bool:
 def length_key(ids_key: str) -> str:
     """The length column of an ids column (``input_ids2`` -> ``length2``)."""
     return LENGTH + ids_key.removeprefix(IDS)
+
+
+def ids_key(length_key_: str) -> str:
+    """The ids column of a length column (``length2`` -> ``input_ids2``)."""
+    return IDS + length_key_.removeprefix(LENGTH)

@@ -26,6 +26,9 @@ class TaskSpec:
     generated: bool = False  # the source can be generated locally (no download needed)
     pair: bool = False  # two sequences per example (retrieval)
     fixture_presets: tuple[str, ...] = ()  # presets built from a data_prep fixture (no download)
+    # The task's token symbols and ids, where it has a symbol vocabulary (ListOps): what
+    # ``--data.drop_tokens`` names.
+    vocabulary: Callable[[], dict[str, int]] | None = None
     # The tiny preset's batch, where the task's reference batch is larger than its tiny training split
     # (``fit --task T --data.preset tiny`` then runs as written).
     tiny_batch_size: int | None = None
@@ -93,6 +96,12 @@ TASKS: Registry[TaskSpec] = Registry("task")
 
 
 # The prepare functions, imported when a task is prepared (data_prep stays out of model-only code paths).
+def _listops_vocabulary() -> dict[str, int]:
+    from lra_cond.data_prep import listops
+
+    return dict(listops.VOCAB)
+
+
 def _listops() -> PrepareFn:
     from lra_cond.data_prep import listops
 
@@ -139,6 +148,7 @@ TASKS.add(
         presets=("full", "tiny"),
         prepare_fn=_listops,
         generated=True,
+        vocabulary=lambda: _listops_vocabulary(),
     ),
 )
 

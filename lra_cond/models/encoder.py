@@ -31,6 +31,7 @@ class EncoderConfig:
     dropout: float = 0.1
     attention: str = "softmax"
     attention_options: dict[str, Any] = field(default_factory=dict)
+    pool_length: int | None = None  # None: mean over real tokens; N: their sum over N (see masked_mean)
 
 
 def padding_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -38,10 +39,12 @@ def padding_mask(lengths: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.arange(seq_len, device=lengths.device)[None, :] >= lengths[:, None]
 
 
-def masked_mean(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over real tokens only (the reference divides by the padded length)."""
+def masked_mean(h: torch.Tensor, mask: torch.Tensor, pool_length: int | None = None) -> torch.Tensor:
+    """Mean over real tokens only; with ``pool_length`` N, their sum over N instead: the reference's
+    mean over a batch padded to N (padding zeroed but counted), which scales an example by L / N."""
     keep = (~mask).unsqueeze(-1).to(h.dtype)
-    return (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+    count = keep.sum(1).clamp_min(1.0) if pool_length is None else float(pool_length)
+    return (h * keep).sum(1) / count
 
 
 class Block(nn.Module):
@@ -113,7 +116,7 @@ class Encoder(nn.Module):
         x = self.drop(self.token_emb(input_ids) + self.pos_emb(pos)[None])
         for block in self.blocks:
             x = block(x, mask)
-        return masked_mean(self.norm(x), mask)
+        return masked_mean(self.norm(x), mask, self.cfg.pool_length)
 
 
 @contextmanager

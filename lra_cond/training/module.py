@@ -72,6 +72,9 @@ class LraModel(pl.LightningModule):
         dropout: dropout rate (embeddings, attention probabilities, residual branches).
         max_len: positional table size; default the task's maximum length (the CLI sets it from
             ``data.max_len``).
+        pool_length: None (default) pools the mean over each example's real tokens; N divides their
+            sum by N, as the reference code does by mean-pooling a batch padded to N (2048 for
+            ListOps), which scales an example's features by its length / N.
         lr: peak learning rate.
         warmup_steps: steps of the rising part of the schedule; must be less than the training
             steps (``trainer.max_steps``, or ``max_epochs`` x batches per epoch when it is -1).
@@ -102,6 +105,7 @@ class LraModel(pl.LightningModule):
         mlp_dim: int = EncoderConfig.mlp_dim,
         dropout: float = EncoderConfig.dropout,
         max_len: int | None = None,
+        pool_length: int | None = None,
         lr: float = 1e-4,
         warmup_steps: int = 1000,
         schedule: str = "onecycle",
@@ -118,6 +122,10 @@ class LraModel(pl.LightningModule):
             num_heads=num_heads, head_dim=head_dim, weight_decay=weight_decay, betas=betas, eps=eps,
             max_len=max_len,
         )  # fmt: skip
+        if pool_length is not None and pool_length <= 0:
+            raise UserError(
+                f"model.pool_length must be positive (or null: the real tokens), got {pool_length}"
+            )
         if schedule not in SCHEDULES:
             raise UserError(f"unknown schedule '{schedule}'; valid schedules: {', '.join(SCHEDULES)}")
         self.save_hyperparameters()
@@ -133,6 +141,7 @@ class LraModel(pl.LightningModule):
             dropout=dropout,
             attention=attention,
             attention_options=dict(attention_args or {}),
+            pool_length=pool_length,
         )
         self.pair = spec.pair
         self.net = PairClassifier(self.cfg) if spec.pair else Classifier(self.cfg)
