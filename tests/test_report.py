@@ -203,6 +203,17 @@ def test_warnings_one_seed_and_config_difference(tmp_path: Path) -> None:
     assert rows["mimetic"][7] == "+0.0% [n/a]"  # one reaching seed per side: no interval
 
 
+def test_without_default_runs_nothing_is_called_not_reached(tmp_path: Path) -> None:
+    """No default init: there is no target, so no run 'did not reach' it (a partial study's report)."""
+    root = tmp_path / "r"
+    write_run(root, "conditioned", 0, [[100, 0.2], [200, 0.5]], 0.5, base_config("conditioned", 0))
+    main(["report", str(root)])
+    report = (root / "compare" / "report.md").read_text()
+    row = table_rows(report)["conditioned"]
+    assert row[4:7] == ["n/a", "n/a", "n/a"]
+    assert "not reached by" not in report
+
+
 def test_warning_when_runs_were_trained_on_different_prepared_data(tmp_path: Path) -> None:
     """Like configs but another prepare of the data (data_sha256 in metrics.json) is a warning naming
     the first run on each dataset; one dataset, or runs that predate the hash, are not."""

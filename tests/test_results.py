@@ -21,7 +21,7 @@ def readme_blocks() -> list[tuple[str, str]]:
 
 def studies() -> list[Path]:
     """Every results/<task>/<attention>/ folder holding run records."""
-    return sorted({p.parent.parent for p in (REPO / "results").glob("*/*/*/seed*/metrics.json")})
+    return sorted({p.parents[2] for p in (REPO / "results").glob("*/*/*/seed*/metrics.json")})
 
 
 def test_every_committed_study_has_its_table_in_the_readme_and_back():

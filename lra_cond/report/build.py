@@ -225,7 +225,14 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     val = split_counts(runs, "val")
     noise = None if target is None or val is None else (100 * binomial_se(target, sum(val)), sum(val))
     length = max_steps(runs)
-    lines += ["## Results", "", markdown_table(rows, length), "", definitions(target, reason, noise), ""]
+    lines += [
+        "## Results",
+        "",
+        markdown_table(rows, length, target is not None),
+        "",
+        definitions(target, reason, noise),
+        "",
+    ]
     if target is not None:
         lines += ["### Steps to target, seed by seed", "", steps_by_seed_table(rows, length), ""]
     repro = reproduction(runs)

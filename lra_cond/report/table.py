@@ -132,9 +132,10 @@ COLUMNS = (
 )
 
 
-def markdown_table(rows: list[InitRow], length: int | None = None) -> str:
-    """The per-init table; ``length`` (the runs' max_steps) says by when a target was not reached."""
-    never = "not reached" + (f" by {length}" if length else "")
+def markdown_table(rows: list[InitRow], length: int | None = None, has_target: bool = True) -> str:
+    """The per-init table; ``length`` (the runs' max_steps) says by when a target was not reached.
+    Without a target (``has_target`` false) nothing can be reached: those cells are n/a."""
+    never = ("not reached" + (f" by {length}" if length else "")) if has_target else "n/a"
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         cells = [
@@ -144,7 +145,7 @@ def markdown_table(rows: list[InitRow], length: int | None = None) -> str:
             _fmt(row.test, ".2f", 100),
             _fmt(row.steps, ".0f") if row.reached else never,
             _fmt(row.epochs, ".3g") if row.reached else never,
-            f"{row.reached}/{len(row.seeds)}",
+            f"{row.reached}/{len(row.seeds)}" if has_target else "n/a",
             _fmt_speedup(row.speedup, row.init),
             _fmt_layers(row.kappa_start),
             _fmt_layers(row.kappa_end),
