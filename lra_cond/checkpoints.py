@@ -11,6 +11,7 @@ from typing import Any
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lra_cond.errors import UserError
+from lra_cond.run_dir import LAST_CHECKPOINT
 
 REQUIRED = ("state_dict", "hyper_parameters")
 
@@ -114,11 +115,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer for local paths, written through ``run_dir.write_atomic``: a
     temporary file beside the checkpoint, synced, then renamed. (Lightning's own writes to a
     temporary file in $TMPDIR and moves it, which is a copy, interruptible half-way, when the run
-    root is on another filesystem.) Remote URLs (``s3://...``) keep Lightning's writer."""
+    root is on another filesystem.) Remote URLs (``s3://...``) keep Lightning's writer.
+
+    A superseded best checkpoint is removed only once the next ``last.ckpt`` is on disk: until then
+    the ``last.ckpt`` a kill would resume from still names it as the run's best."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._superseded: list[Path] = []
+
+    def remove_checkpoint(self, path: Any) -> None:
+        if "://" in str(path):
+            return super().remove_checkpoint(path)
+        self._superseded.append(Path(path))
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         if "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
+        self._write(checkpoint, path, storage_options)
+        self._superseded = [p for p in self._superseded if p != Path(path)]  # written again: kept
+        if Path(path).name == LAST_CHECKPOINT:
+            for old in self._superseded:
+                old.unlink(missing_ok=True)
+            self._superseded = []
+
+    def _write(self, checkpoint: dict[str, Any], path: Any, storage_options: Any) -> None:
         if storage_options is not None:
             raise TypeError("storage_options are not supported by AtomicCheckpointIO")
         import io

@@ -37,6 +37,7 @@ METRICS_FILE = "metrics.json"
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
 LOCK_FILE = ".lock"
+BEST_STEP = re.compile(r"best-step(\d+)\.ckpt")  # the best-by-validation checkpoint's file name
 TEMP_SUFFIXES = (".tmp", ".part")  # atomic-write leftovers of a killed writer: not run files
 SEED_DIR = re.compile(r"^seed(\d+)$")
 
@@ -429,7 +430,21 @@ class RunFolder:
         checkpoint left, when the same command starts it again."""
         for rel in sorted(self.files()):
             (self.path / rel).unlink(missing_ok=True)
+        self.discard_after(-1)  # and the temporary files of its killed writer
         self._before = set()
+
+    def discard_after(self, step: int) -> list[str]:
+        """Before resuming from the checkpoint of ``step``: remove what the killed process left that
+        the resumed run does not continue from (its half-written temporary files, and best
+        checkpoints of later steps, which the resumed run writes again when it gets there).
+        Returns the removed files' relative paths."""
+        removed = []
+        for p in sorted(self.path.rglob("*")):
+            later = BEST_STEP.fullmatch(p.name)
+            if p.is_file() and (p.name.endswith(TEMP_SUFFIXES) or (later and int(later[1]) > step)):
+                p.unlink()
+                removed.append(p.relative_to(self.path).as_posix())
+        return removed
 
     def mark_training(self) -> None:
         """Record in the lock file that training started (any process of the run may call this)."""

@@ -77,11 +77,12 @@ class KillDuringValidation(pl.Callback):
 
 
 class KillDuringSave(pl.Callback):
-    """SIGKILL while the checkpoint ``last.ckpt`` of training step ``step`` is half written: its
-    temporary file holds half the bytes, the rename has not happened."""
+    """SIGKILL while the first file named ``name`` (a prefix: ``last.ckpt``, ``best-``,
+    ``metrics.json``) written after training step ``step`` is half written: its temporary file holds
+    half the bytes, the rename has not happened."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, name: str = "last.ckpt") -> None:
+        self.step, self.name = step, name
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
         if trainer.global_step != self.step:
@@ -92,10 +93,17 @@ class KillDuringSave(pl.Callback):
 
         def half_then_kill(path: object, data: bytes) -> None:
             target = Path(str(path))
-            if target.name == "last.ckpt":
+            if target.name.startswith(self.name):
                 target.with_name(f".{target.name}.{os.getpid()}.part").write_bytes(data[: len(data) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
             real(path, data)
 
         real = run_dir.write_atomic
         run_dir.write_atomic = half_then_kill
+
+
+class KillDuringTest(pl.Callback):
+    """SIGKILL the process during the test pass that follows training, after its first batch."""
+
+    def on_test_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -430,6 +430,8 @@ class LraCLI(LightningCLI):
                 "files"
             )
         console.print(f"resuming from {path}")
+        for rel in folder.discard_after(self._resume["step"] or 0):
+            console.print(f"removed {rel}: left by the killed run after the checkpoint resumed from")
         self._run_start.folder, self._run_start.resume = folder, True
         self._run_start.config_text = None
 
