@@ -135,7 +135,7 @@ def test_a_gauge_proven_independent_skips_the_test_with_the_same_null_basis(monk
     w = null_vectors(torch.randn(dim - 1, dim, generator=gen, dtype=torch.float64))
     cols = _null_basis(w_q, w_k, [w])
     g = jac.gauge(w_q, w_k)
-    unit = gauge.gauge_fit(g["q"], g["k"], w_q, w_k)
+    unit = gauge.gauge_maps(g["q"], g["k"], w_q, w_k)
     assert unit is not None and gauge.is_unit_basis(unit)
     groups = [
         spectrum.NullGroup("gauge", frozenset("qk"), cols[:, : d * d], gauge=(w_q, w_k), unit_gauge=True),
@@ -160,16 +160,18 @@ def test_groups_are_recognised_only_in_their_closed_form() -> None:
     d, dim = 3, 6
     w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
     g = jac.gauge(w_q, w_k)
-    assert gauge.gauge_fit(g["q"], g["k"], w_q, w_k) is not None
+    assert gauge.gauge_maps(g["q"], g["k"], w_q, w_k) is not None
     mixed = torch.randn(d * d, d * d, generator=gen, dtype=torch.float64)  # another basis of it
     flat = torch.einsum("mn,nbc->mbc", mixed, g["q"]), torch.einsum("mn,nbc->mbc", mixed, g["k"])
-    assert gauge.gauge_fit(*flat, w_q, w_k) is not None
-    assert gauge.is_unit_basis(gauge.gauge_fit(g["q"], g["k"], w_q, w_k))
-    assert not gauge.is_unit_basis(gauge.gauge_fit(*flat, w_q, w_k))  # a gauge, another basis
-    assert gauge.gauge_fit(g["q"], g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen), w_q, w_k) is None
-    assert gauge.gauge_fit(g["q"], -g["k"], w_q, w_k) is None  # (M W_Q, +M^T W_K): not a gauge
-    orth = jac.orthogonal_gauge(w_q, w_k)
-    assert gauge.gauge_fit(orth["q"], orth["k"], w_q, w_k) is None
+    assert gauge.gauge_maps(*flat, w_q, w_k) is not None
+    assert gauge.is_unit_basis(gauge.gauge_maps(g["q"], g["k"], w_q, w_k))
+    assert not gauge.is_unit_basis(gauge.gauge_maps(*flat, w_q, w_k))  # a gauge, another basis
+    nudged = g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen)
+    assert gauge.gauge_maps(g["q"], nudged, w_q, w_k) is None
+    assert gauge.gauge_maps(g["q"], -g["k"], w_q, w_k) is None  # (M W_Q, +M^T W_K): not a gauge
+    orth = jac.orthogonal_gauge(w_q, w_k)  # a part of the gauge (M antisymmetric): d (d - 1) / 2 maps
+    part = gauge.gauge_maps(orth["q"], orth["k"], w_q, w_k)
+    assert part is not None and part.shape[0] == d * (d - 1) // 2 < d * d
     w = null_vectors(torch.randn(4, dim, generator=gen, dtype=torch.float64))  # (dim, 2)
     side = gauge.input_side(jac.rows_equal(w, d))
     assert side is not None and side.shape == (dim, 2)

@@ -67,17 +67,6 @@ def input_side(directions: torch.Tensor) -> torch.Tensor | None:
     return span if float(lam_g[0]) > 1e-10 * float(lam_g[-1]) else None
 
 
-def gauge_fit(
-    dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor
-) -> torch.Tensor | None:
-    """The M_i (d^2, d, d) when every direction (dq_i, dk_i) (each (m, d, D')) is (M_i W_Q, -M_i^T W_K)
-    and there are d^2 of them, else None (their rank is counted where the groups are joined)."""
-    d = w_q.shape[0]
-    if dq.shape[0] != d * d:
-        return None
-    return gauge_maps(dq, dk, w_q, w_k)
-
-
 def gauge_maps(
     dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor
 ) -> torch.Tensor | None:

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.autograd.forward_ad as fwAD
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
@@ -141,16 +140,6 @@ class LinearisedLayer:
         weights = {f"layer.{name}": w for name, w in weights.items()}
         out = functional_call(HeadsOutput(self.layer), weights, (self.x,), {"key_padding_mask": self.mask})
         return out[self.real]
-
-    def function(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """theta (flat, all heads) -> flat output at real rows."""
-        return lambda theta: self.output(self.unflatten(theta)).reshape(-1)
-
-    def jvp(self, theta: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
-        """J @ tangent by forward-mode AD (dual tensors; cheaper per call than torch.func.jvp here)."""
-        f = self.function()
-        with fwAD.dual_level():
-            return fwAD.unpack_dual(f(fwAD.make_dual(theta, tangent))).tangent
 
     def head_function(self, h: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """Head h's own parameters (flat) -> head h's output columns at real rows (flat)."""
