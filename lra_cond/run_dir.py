@@ -301,11 +301,19 @@ def config_value(config: dict[str, Any], key: str) -> Any:
     return node
 
 
-def config_differences(a: dict[str, Any], b: dict[str, Any], ignored: tuple[str, ...] = ()) -> list[str]:
-    """Dotted keys whose values differ between two configs, apart from the ``ignored`` ones."""
-    fa, fb = flatten(a), flatten(b)
+def config_differences(
+    a: dict[str, Any],
+    b: dict[str, Any],
+    ignored: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
+) -> list[str]:
+    """Dotted keys whose values differ between two configs, apart from the ``ignored`` ones. A key
+    one config lacks (an option added to the suite after that run started) counts as its value in
+    ``defaults``, the options' defaults: a run from before the option behaved as its default."""
+    fa, fb, fd = flatten(a), flatten(b), flatten(defaults or {})
     keys = sorted(k for k in set(fa) | set(fb) if not _covered(k, ignored))
-    return [k for k in keys if fa.get(k, "<missing>") != fb.get(k, "<missing>")]
+    missing = "<missing>"
+    return [k for k in keys if fa.get(k, fd.get(k, missing)) != fb.get(k, fd.get(k, missing))]
 
 
 # What a resume (``fit --ckpt_path last``) may change: how the run is executed and watched, never

@@ -214,6 +214,20 @@ def test_without_default_runs_nothing_is_called_not_reached(tmp_path: Path) -> N
     assert "not reached by" not in report
 
 
+def test_an_option_newer_than_a_run_is_no_difference_at_its_default(tmp_path: Path) -> None:
+    """A run saved before ``model.pool_length`` existed (key absent) and one with it null: the same
+    setup; with it set, the configs differ."""
+    root = tmp_path / "r"
+    for seed, pool in ((0, "absent"), (1, None), (2, 2048)):
+        config = base_config("default", seed)
+        if pool != "absent":
+            config["model"]["pool_length"] = pool
+        write_run(root, "default", seed, [[100, 0.5]], 0.5, config)
+    main(["report", str(root)])
+    warnings = [ln for ln in (root / "compare" / "report.md").read_text().splitlines() if "differs" in ln]
+    assert len(warnings) == 1 and "`default/seed2`" in warnings[0] and "model.pool_length" in warnings[0]
+
+
 def test_warning_when_runs_were_trained_on_different_prepared_data(tmp_path: Path) -> None:
     """Like configs but another prepare of the data (data_sha256 in metrics.json) is a warning naming
     the first run on each dataset; one dataset, or runs that predate the hash, are not."""

@@ -45,8 +45,11 @@ def load_config(folder: Path) -> dict[str, Any]:
 
 
 def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two configs, ignoring init, seed and bookkeeping."""
-    return run_dir.config_differences(a, b, IGNORED_KEYS)
+    """Dotted keys whose values differ between two configs, ignoring init, seed and bookkeeping. A
+    key one config lacks and the other holds as null is an option added to the suite between the
+    two runs, left at its default (the suite's new options default to null): not a difference."""
+    only_one = set(run_dir.flatten(a)) ^ set(run_dir.flatten(b))
+    return run_dir.config_differences(a, b, IGNORED_KEYS, defaults={k: None for k in only_one})
 
 
 def init_order(inits: list[str]) -> list[str]:

@@ -22,7 +22,7 @@ from lra_cond import run_dir
 from lra_cond.checks import validation_gap
 from lra_cond.errors import Interrupted, UserError
 from lra_cond.report.build import REPORT_DIR, report_title, write_report
-from lra_cond.report.collect import Run, config_differences, init_order, load_config
+from lra_cond.report.collect import IGNORED_KEYS, Run, init_order, load_config
 from lra_cond.run_dir import State, read_metrics
 from lra_cond.yaml_files import strict
 
@@ -95,13 +95,15 @@ def fit_args(task: str, attention: str, init: str, seed: int, overrides: list[st
     return [*head, "--seed_everything", str(seed), *overrides]
 
 
-def resolved_config(args: list[str]) -> dict[str, Any]:
-    """The config a ``fit`` with these arguments would save as config.yaml (parsed, nothing built)."""
+def resolved_config(args: list[str], with_defaults: bool = False) -> Any:
+    """The config a ``fit`` with these arguments would save as config.yaml (parsed, nothing built);
+    ``with_defaults``: and every option's default, in the same form."""
     from lra_cond.training.lightning_cli import parse_only
 
     cli = parse_only(args, errors_for="compare")  # a bad fit override: one line, before any run
     # Dumped exactly like fit writes config.yaml.
-    return yaml.safe_load(cli.resolved_config_text())
+    config = yaml.safe_load(cli.resolved_config_text())
+    return (config, cli.option_defaults()) if with_defaults else config
 
 
 def run_fit(cmd: list[str], threads: int | None = None) -> int:
@@ -162,7 +164,7 @@ def compare(
     pairs = [(init, seed) for seed in seeds for init in inits]  # seed-major: paired runs finish together
 
     # Every fit's options checked as fit checks them, before a plan is printed or anything runs.
-    reference = resolved_config(fit_args(task, attention, inits[0], seeds[0], overrides))
+    reference, defaults = resolved_config(fit_args(task, attention, inits[0], seeds[0], overrides), True)
     owned = {
         "data.task": task,
         "model.attention": attention,
@@ -200,7 +202,13 @@ def compare(
         state = folder.state()
         if state is not State.EMPTY:
             # The run's own config, apart from what a resume may change (how it is run and watched).
-            diff = [k for k in config_differences(reference, load_config(folder.path)) if k not in RESUMABLE]
+            diff = [
+                k
+                for k in run_dir.config_differences(
+                    reference, load_config(folder.path), IGNORED_KEYS, defaults
+                )
+                if k not in RESUMABLE
+            ]
             if diff:
                 raise UserError(
                     f"{folder.path} was run with a different config ({', '.join(diff)}); move it away or "

@@ -211,6 +211,10 @@ class LraCLI(LightningCLI):
             warnings.simplefilter("ignore")
             return self._parser(subcommand).dump(self.config[subcommand], skip_none=False)
 
+    def option_defaults(self, subcommand: str = "fit") -> dict[str, Any]:
+        """Every option's default, in config.yaml's form (for runs saved before an option existed)."""
+        return _defaults(self._parser(subcommand))
+
     def _parse_ckpt_path(self) -> None:
         """Replaces Lightning's version, which overwrote the command's model options with the
         checkpoint's: check the options, then that ``--ckpt_path`` matches the command."""
@@ -375,7 +379,9 @@ class LraCLI(LightningCLI):
         console = Console(stderr=True, soft_wrap=True)
         if self._resume is None:
             theirs = folder.config
-            same = not theirs or not run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE)
+            same = not theirs or not run_dir.config_differences(
+                theirs, mine, run_dir.RESUME_MAY_CHANGE, self.option_defaults()
+            )
             if self._note and same and folder.restartable():
                 # --ckpt_path last, and the run stopped before its first checkpoint (a kill or a
                 # scheduler's signal before training got that far): the same command starts it again.
@@ -409,7 +415,7 @@ class LraCLI(LightningCLI):
                 f"cannot be checked against the run's; restore its {name}, or start a new run elsewhere "
                 "with --run_root DIR"
             )
-        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE)
+        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE, self.option_defaults())
         if diff:
             raise UserError(
                 f"cannot resume {folder.path}: this command changes {', '.join(diff)}, which a resume may "
@@ -438,7 +444,11 @@ class LraCLI(LightningCLI):
     def _occupied(self, folder: run_dir.RunFolder, state: run_dir.State, mine: dict[str, Any]) -> str:
         """The refusal of a new run in a folder that holds one."""
         theirs = folder.config
-        diff = run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE) if theirs else []
+        diff = (
+            run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE, self.option_defaults())
+            if theirs
+            else []
+        )
         what = folder.describe() + (f", with other options ({', '.join(diff)})" if diff else "")
         elsewhere = "start this run elsewhere with --run_root DIR (or move the folder away)"
         if state is run_dir.State.UNFINISHED:
@@ -559,6 +569,17 @@ class ParseOnly(LraCLI):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return self.parser.dump(self.config, skip_none=False)
+
+    def option_defaults(self, subcommand: str = "fit") -> dict[str, Any]:
+        return _defaults(self.parser)
+
+
+def _defaults(parser: LightningArgumentParser) -> dict[str, Any]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return yaml.safe_load(parser.dump(parser.get_defaults(), skip_none=False, skip_validation=True))
 
 
 def parse_only(argv: list[str], errors_for: str | None = None) -> ParseOnly:
