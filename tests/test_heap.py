@@ -53,11 +53,6 @@ except RuntimeError:
     pass
 out["released_after_error"] = resident()
 out["after_error"] = [touched(BLOCK), touched(BLOCK)]
-with heap_kept():
-    with heap_kept():
-        touched(BLOCK)
-    out["nested_again"] = touched(BLOCK * 3 // 4)
-out["after_nested"] = touched(BLOCK)
 print(json.dumps(out))
 """
 
@@ -83,7 +78,33 @@ def test_the_policy_is_restored_when_the_probe_raises(measured) -> None:
     assert min(measured["after_error"]) > measured["pages"] // 2
 
 
-def test_a_nested_use_keeps_the_outer_policy(measured) -> None:
-    """Leaving an inner ``heap_kept`` does not switch mapping back on under an outer one."""
-    assert measured["nested_again"] < measured["pages"] // 100  # still reused
-    assert measured["after_nested"] > measured["pages"] // 2
+def test_a_nested_use_keeps_the_outer_policy(monkeypatch) -> None:
+    """Leaving an inner ``heap_kept`` does not switch mapping back on under an outer one: only the
+    outermost use calls glibc. (Page faults cannot show this reliably: an allocation between the
+    two blocks, such as the inner use's own objects, sometimes gets the next large block fresh
+    pages even under one flat ``heap_kept``.)"""
+    import lra_cond.heap as heap
+
+    calls: list[tuple] = []
+
+    class FakeLibc:
+        def mallopt(self, *args: int) -> None:
+            calls.append(("mallopt", *args))
+
+        def malloc_trim(self, pad: int) -> None:
+            calls.append(("malloc_trim", pad))
+
+    monkeypatch.setattr(heap, "_glibc", FakeLibc)
+    with heap.heap_kept():
+        on = list(calls)
+        with heap.heap_kept():
+            assert calls == on  # entering the inner use changes nothing ...
+        assert calls == on  # ... nor does leaving it
+    assert on == [("mallopt", heap.M_MMAP_MAX, 0), ("mallopt", heap.M_TRIM_THRESHOLD, 2**31 - 1)]
+    assert calls[len(on) :] == [
+        ("mallopt", heap.M_MMAP_THRESHOLD, heap.MMAP_THRESHOLD),
+        ("mallopt", heap.M_TRIM_THRESHOLD, 2 * heap.MMAP_THRESHOLD),
+        ("mallopt", heap.M_MMAP_MAX, 65536),
+        ("malloc_trim", 0),
+    ]
+    assert heap._depth == 0
