@@ -228,6 +228,17 @@ def test_an_option_newer_than_a_run_is_no_difference_at_its_default(tmp_path: Pa
     assert len(warnings) == 1 and "`default/seed2`" in warnings[0] and "model.pool_length" in warnings[0]
 
 
+def test_runs_list_their_wall_time_and_machines(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    for seed, extra in ((0, {"seconds": 8124.5, "machines": ["2 x AMD EPYC, 1 thread(s)"]}), (1, {})):
+        metrics = {"best_val_acc": 0.5, "val_history": [[100, 0.5]], "test_acc": 0.5, "total_steps": STEPS}
+        write_metrics(root, "default", seed, {**metrics, **extra}, base_config("default", seed))
+    main(["report", str(root)])
+    runs = (root / "compare" / "report.md").read_text().split("## Runs", 1)[1]
+    assert f"- `default/seed0`: {STEPS} steps, 2 h 15 min wall on 2 x AMD EPYC, 1 thread(s)" in runs
+    assert f"- `default/seed1`: {STEPS} steps\n" in runs
+
+
 def test_warning_when_runs_were_trained_on_different_prepared_data(tmp_path: Path) -> None:
     """Like configs but another prepare of the data (data_sha256 in metrics.json) is a warning naming
     the first run on each dataset; one dataset, or runs that predate the hash, are not."""

@@ -66,8 +66,16 @@ def warnings_for(runs: list[Run]) -> list[str]:
 
 
 def _finished(run: Run) -> str:
+    """Steps, and where recorded the fit's wall-clock time over all its processes and machines."""
     m = run.metrics
-    return f"{m.get('total_steps')} steps" + ("" if run.finished else ", not finished")
+    text = f"{m.get('total_steps')} steps" + ("" if run.finished else ", not finished")
+    seconds, machines = m.get("seconds"), m.get("machines")
+    if isinstance(seconds, (int, float)) and seconds >= 0:
+        minutes = round(seconds / 60)
+        text += f", {minutes // 60} h {minutes % 60:02d} min wall"
+    if isinstance(machines, list) and machines and all(isinstance(x, str) for x in machines):
+        text += f" on {'; '.join(machines)}"
+    return text
 
 
 def probe_sizes(runs: list[Run]) -> list[int]:
