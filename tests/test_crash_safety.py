@@ -35,12 +35,18 @@ def tmpfs(tmp_path: Path):
         subprocess.run(["umount", str(where)], capture_output=True)
 
 
-def test_a_kill_while_last_ckpt_is_written_leaves_the_previous_one(tiny_listops, tmp_path, tmpfs):
+def assert_same_weights(straight: Path, run: Path) -> None:
+    """The two runs' final last.ckpt: step 20, bit-identical weights and optimizer state."""
+    x, y = load(straight / "checkpoints/last.ckpt"), load(run / "checkpoints/last.ckpt")
+    assert x["global_step"] == y["global_step"] == 20
+    assert_same(x["state_dict"], y["state_dict"], "", "", "state_dict")
+    assert_same(x["optimizer_states"], y["optimizer_states"], "", "", "optimizer")
+
+
+def test_a_kill_while_last_ckpt_is_written_leaves_the_previous_one(straight, tiny_listops, tmp_path, tmpfs):
     import shutil
 
     shutil.copytree(tiny_listops, tmp_path / "data")
-    straight = run_cli([*ARGS, "--run_root", "straight"], tmp_path)
-    assert straight.returncode == 0, straight.stderr[-3000:]
     root, _ = tmpfs("scratch", 256)
     kill = ["--trainer.callbacks+=crash_hooks.KillDuringSave", "--trainer.callbacks.step", "8"]
     killed = run_cli([*ARGS, "--run_root", str(root), *kill], tmp_path, env=HOOKS)
@@ -50,10 +56,7 @@ def test_a_kill_while_last_ckpt_is_written_leaves_the_previous_one(tiny_listops,
     assert list(folder.glob(".last.ckpt.*.part"))  # the half-written one never replaced it
     resumed = run_cli([*ARGS, "--run_root", str(root), "--ckpt_path", "last"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = load(tmp_path / "straight" / RUN / "checkpoints/last.ckpt"), load(folder / "last.ckpt")
-    assert a["global_step"] == b["global_step"] == 20
-    assert_same(a["state_dict"], b["state_dict"], "", "", "state_dict")
-    assert_same(a["optimizer_states"], b["optimizer_states"], "", "", "optimizer")
+    assert_same_weights(straight, root / RUN)
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +108,7 @@ def test_a_kill_anywhere_resumes_to_the_uninterrupted_result(where, straight, ti
     assert [h["kappa_mean"] for h in a.get("cond_history", [])] == [
         h["kappa_mean"] for h in b.get("cond_history", [])
     ]
-    x, y = load(straight / "checkpoints/last.ckpt"), load(run / "checkpoints/last.ckpt")
-    assert x["global_step"] == y["global_step"] == 20
-    assert_same(x["state_dict"], y["state_dict"], "", "", "state_dict")
-    assert_same(x["optimizer_states"], y["optimizer_states"], "", "", "optimizer")
+    assert_same_weights(straight, run)
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_partial_file(tiny_listops, tmp_path, tmpfs):

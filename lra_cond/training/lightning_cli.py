@@ -379,17 +379,19 @@ class LraCLI(LightningCLI):
         console = Console(stderr=True, soft_wrap=True)
         if self._resume is None:
             theirs = folder.config
-            same = not theirs or not run_dir.config_differences(
-                theirs, mine, run_dir.RESUME_MAY_CHANGE, self.option_defaults()
+            diff = (
+                run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE, self.option_defaults())
+                if theirs
+                else []
             )
-            if self._note and same and folder.restartable():
+            if self._note and not diff and folder.restartable():
                 # --ckpt_path last, and the run stopped before its first checkpoint (a kill or a
                 # scheduler's signal before training got that far): the same command starts it again.
                 console.print(f"[yellow]note:[/] {folder.path} holds {folder.describe()}: starting it again")
                 folder.clear()
                 self._note, state = None, run_dir.State.EMPTY
             if state is not run_dir.State.EMPTY:
-                raise UserError(self._occupied(folder, state, mine))
+                raise UserError(self._occupied(folder, state, diff))
             if self._note:
                 console.print(f"[yellow]note:[/] {self._note}")
             self._run_start.folder, self._run_start.config_text = folder, self.resolved_config_text()
@@ -441,14 +443,8 @@ class LraCLI(LightningCLI):
         self._run_start.folder, self._run_start.resume = folder, True
         self._run_start.config_text = None
 
-    def _occupied(self, folder: run_dir.RunFolder, state: run_dir.State, mine: dict[str, Any]) -> str:
-        """The refusal of a new run in a folder that holds one."""
-        theirs = folder.config
-        diff = (
-            run_dir.config_differences(theirs, mine, run_dir.RESUME_MAY_CHANGE, self.option_defaults())
-            if theirs
-            else []
-        )
+    def _occupied(self, folder: run_dir.RunFolder, state: run_dir.State, diff: list[str]) -> str:
+        """The refusal of a new run in a folder that holds one (``diff``: the options it differs in)."""
         what = folder.describe() + (f", with other options ({', '.join(diff)})" if diff else "")
         elsewhere = "start this run elsewhere with --run_root DIR (or move the folder away)"
         if state is run_dir.State.UNFINISHED:
