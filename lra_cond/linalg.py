@@ -235,6 +235,12 @@ def spectrum_cut(s: torch.Tensor, rtol: float) -> tuple[float, float, int]:
     return float(s[0]), float(kept[-1]), int(s.numel() - kept.numel())
 
 
+def largest_excluded(s: torch.Tensor, rtol: float) -> float:
+    """The largest of singular values ``s`` at or below the cut rtol * sigma_max (0 if none)."""
+    out = s[s <= rtol * s.max()]
+    return float(out.max()) if out.numel() else 0.0
+
+
 def matrix_condition(m: torch.Tensor) -> float:
     """sigma_max / sigma_min over the min(rows, cols) singular values (inf if rank-deficient)."""
     s = svdvals(m.detach().to(torch.float64))

@@ -49,6 +49,7 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
                 assert s1 == s2 and lv == pytest.approx(math.log10(v), rel=1e-6)
         assert f"cond/weights/q/layer{i}" in tags and f"cond_diag/weights/v_head1/layer{i}" in tags
         assert f"cond_diag/n_null/layer{i}" in tags
+        assert [s for s, _ in tags[f"cond_diag/cut_separation/layer{i}"]] == [0, 4, 8]
     assert not any(t.startswith("cond/n_null") or t == "cond/seconds" for t in tags)  # diagnostics apart
     mean = [(s, v) for s, v in tags["cond/kappa/mean"]]
     history = json.loads((run / "metrics.json").read_text())["cond_history"]
@@ -58,6 +59,8 @@ def test_monitor_in_tiny_fit(tiny_listops: Path, tmp_path: Path) -> None:
         assert step == h["step"] and value == pytest.approx(sum(kappas) / 2, rel=1e-6)
         assert all(k > 1 for k in kappas)
         assert all(layer["kappa_x"] > 1 and layer["n_null_x"] == 1 for layer in h["layers"])  # [X, 1]
+        # exact nulls at float64's floor, many decades under the smallest kept value: a clear cut
+        assert all(layer["cut_separated"] and layer["cut_separation"] > 3 for layer in h["layers"])
     # Theory, during training (2 heads of d_h = 8, q/k/v biases, LayerNorm-ed inputs): gauge 2*64, the
     # input null direction [1/gamma, -c] in each of Q, K, V (3*2*8) and the key shift along the bias
     # column (2*8), whatever the LayerNorm bias: the same exact count at every probe, all verified.

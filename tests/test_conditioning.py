@@ -5,15 +5,17 @@ against the theory, and the init ordering."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 from einops import rearrange
 
-from lra_cond.conditioning import jacobian_condition, matrix_condition
+from lra_cond.conditioning import cut_separated, jacobian_condition, matrix_condition
+from lra_cond.conditioning.families.base import FAMILY_JACOBIANS
+from lra_cond.conditioning.families.softmax import SoftmaxJacobian
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
-from lra_cond.models.attention.softmax import SoftmaxAttention
 from tests.conftest import DEVICES
 
 CUT = 1e-9  # the reference's null cut (float64 null values sit near 1e-15 * sigma_max)
@@ -231,16 +233,17 @@ def test_null_directions_leave_output_unchanged() -> None:
     torch.testing.assert_close(layer.heads_output(x), base, rtol=1e-10, atol=1e-12)
 
 
-class NoSymmetries(SoftmaxAttention):
-    """Softmax attention that declares none of its symmetries."""
+class NoSymmetries(SoftmaxJacobian):
+    """Softmax attention's Jacobian declaring none of its symmetries (a test double, not registered)."""
 
     def symmetries(self, inp):  # noqa: ANN001, ANN201
         return {}
 
 
-def test_unexplained_null_values_are_counted_not_hidden() -> None:
+def test_unexplained_null_values_are_counted_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(FAMILY_JACOBIANS, "softmax", NoSymmetries)
     torch.manual_seed(8)
-    layer = NoSymmetries(8, 2)
+    layer = build_attention("softmax", 8, 2)
     x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
     res = jacobian_condition(layer, x, per_block=False)
     ref_kappa, ref_null = kappa_and_null(reference_spectrum(layer, x))
@@ -248,6 +251,67 @@ def test_unexplained_null_values_are_counted_not_hidden() -> None:
     assert res.n_null == ref_null == res.n_null_expected + 2 * 16 + 2 * 4  # + gauge and key shift, counted
     assert res.kappa == pytest.approx(ref_kappa, rel=1e-8)
     assert any("verified symmetries give" in n for n in res.notes)
+
+
+def test_a_cut_inside_the_spectrum_is_flagged_and_both_methods_measure_its_separation() -> None:
+    """With the default rtol the exact nulls sit many decades under sigma_min (a separated cut). With
+    rtol between two genuine singular values the cut excludes the smaller: both methods then count
+    it as null, report sigma_min / (the largest excluded value) as the independent spectrum gives it,
+    and flag the probe when that is under a decade."""
+    torch.manual_seed(4)
+    layer = build_attention("softmax", 8, 2)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    s = reference_spectrum(layer, x)
+    _, n_null = kappa_and_null(s)
+    genuine = s[: s.numel() - n_null]
+    for method in ("gram", "dense"):
+        res = jacobian_condition(layer, x, method=method, per_block=False)
+        assert res.cut_separation > 6 and cut_separated(res.cut_separation), method
+    ratios = genuine[-11:-1] / genuine[-10:]  # the bottom ten gaps between neighbours
+    k = int(torch.argmin(ratios)) + genuine.numel() - 11  # genuine[k] kept, genuine[k + 1] cut
+    assert float(ratios.min()) < 10
+    rtol = float((genuine[k] * genuine[k + 1]).sqrt() / s[0])
+    for method in ("gram", "dense"):
+        res = jacobian_condition(layer, x, method=method, rtol=rtol, per_block=False)
+        assert res.kappa == pytest.approx(float(s[0] / genuine[k]), rel=1e-7), method
+        assert res.n_null == n_null + genuine.numel() - 1 - k, method
+        separation = math.log10(float(genuine[k] / genuine[k + 1]))
+        assert res.cut_separation == pytest.approx(separation, rel=1e-5, abs=1e-6), method
+        assert not cut_separated(res.cut_separation), method
+
+
+def test_a_verified_group_above_the_cut_is_not_deflated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A declared group that passes the numerical check (J v under 1e-8 of J's gain) but on which J is
+    not under rtol * sigma_max is, by the cut's own test, not null: the probe then takes that scope
+    from svdvals and says so, so kappa and n_null equal the dense reference's."""
+    from lra_cond.conditioning.linearised import linearise
+
+    torch.manual_seed(6)
+    layer = build_attention("softmax", 8, 2)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    probe = linearise(layer, x, None, "qkv")
+    tilted = []  # per head: an exact null direction tilted towards the smallest genuine one
+    for h in range(2):
+        _, s, vh = torch.linalg.svd(probe.head_jacobian(h), full_matrices=True)
+        genuine = int((s > 1e-13 * s[0]).sum())
+        # gain 1e-11 sigma_max: accepted by the check, excluded by no cut at rtol 1e-13
+        tilt = 1e-11 * float(s[0] / s[genuine - 1])
+        tilted.append(vh[-1] + tilt * vh[genuine - 1])
+
+    class Tilted(SoftmaxJacobian):  # a test double, not registered
+        def symmetries(self, inp):  # noqa: ANN001, ANN201
+            groups = super().symmetries(inp)
+            if inp.blocks == ("q", "k", "v"):
+                v = tilted[inp.h].reshape(3, 1, inp.d, inp.dim)
+                groups["tilted"] = {b: v[i] for i, b in enumerate("qkv")}
+            return groups
+
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    monkeypatch.setitem(FAMILY_JACOBIANS, "softmax", Tilted)
+    res = jacobian_condition(layer, x, per_block=False)
+    assert res.null_groups.get("tilted") == 2  # it passed the numerical check in both heads
+    assert any("above rtol: values taken from svdvals" in n for n in res.notes)
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-9) and res.n_null == dense.n_null
 
 
 def test_probe_too_small_says_so() -> None:

@@ -96,7 +96,7 @@ def test_nystrom_takes_its_factors_only_where_its_landmarks_are_few() -> None:
     landmarks; sequences of 2 m tokens, half the rows), formed where the sequences are short (each
     of ~m tokens: the correction is nearly as wide as the rows); kappa and the per-block values
     equal the dense reference's either way."""
-    from lra_cond.models.attention.jacobian import TokenMixing
+    from lra_cond.conditioning.families.base import TokenMixing
 
     torch.manual_seed(5)
     layer = build_attention("nystrom", 8, 2, num_landmarks=4)
@@ -122,7 +122,7 @@ def test_every_family_has_a_closed_form() -> None:
     for family in ATTENTIONS.names():
         layer = build_attention(family, 8, 2, **({"num_landmarks": 4} if family == "nystrom" else {}))
         probe = linearise(layer, x, None, "qkv")
-        assert probe.layer.head_jacobian_parts(probe.head_inputs(0)) is not None, family
+        assert probe.family.parts(probe.head_inputs(0)) is not None, family
 
 
 @pytest.mark.parametrize("sequences", [1, 2])
@@ -458,7 +458,7 @@ def test_the_whole_head_shares_k_s_gram_alone_as_a_congruence_of_its_own(
     columns Q's, ``whole_head._k_alone``). It equals K's Gram formed from K's own factors on the same
     coordinates, and kappa is the same with or without it and equal to dense."""
     from lra_cond.conditioning import factored
-    from lra_cond.models.attention.jacobian import Factored
+    from lra_cond.conditioning.families.base import Factored
 
     torch.manual_seed(5)
     layer = build_attention("nystrom", 8, 2, num_landmarks=6)
@@ -909,7 +909,8 @@ def test_pinv_output_jacobian_equals_reverse_mode(iterations: int) -> None:
     is shared as torch's amax shares it), with repeated singular values, for a singular A, and where
     the iteration has converged on some singular values and not on others (a recursion that tracks
     only e = 1 - sigma g, or only sigma g, is off by ~3e-11 there at 12 iterations)."""
-    from lra_cond.models.attention.nystrom import iterative_pinv, pinv_output_jacobian
+    from lra_cond.conditioning.families.nystrom import pinv_output_jacobian
+    from lra_cond.models.attention.nystrom import iterative_pinv
 
     gen = torch.Generator().manual_seed(iterations)
     a = torch.softmax(torch.randn(7, 7, generator=gen, dtype=torch.float64), -1)
@@ -931,7 +932,8 @@ def test_pinv_output_jacobian_equals_reverse_mode(iterations: int) -> None:
 def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], sequences: int) -> None:
     """Linear attention's (S, z)-Jacobian in closed form (diagonal blocks per row of W_K or W_V, one
     coupled block for both) equals torch.func.jacrev of the statistics."""
-    from lra_cond.models.attention.linear import _statistics_blocks, feature_map
+    from lra_cond.conditioning.families.linear import _statistics_blocks
+    from lra_cond.models.attention.linear import feature_map
 
     torch.manual_seed(sequences)
     layer = build_attention("linear", 12, 2)
@@ -972,8 +974,8 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
 def test_coupled_statistics_block_first_pass_from_its_sub_blocks(sequences: int) -> None:
     """The coupled K/V block's first Cholesky QR pass from its sub-blocks equals the pass on the
     dense block (R_1 and Q_1 to ~eps kappa), and its factor then equals the dense one's."""
+    from lra_cond.conditioning.families.linear import _factor, _first_pass, _statistics_blocks
     from lra_cond.linalg import gram
-    from lra_cond.models.attention.linear import _factor, _first_pass, _statistics_blocks
 
     torch.manual_seed(sequences)
     layer = build_attention("linear", 12, 2)
@@ -1006,7 +1008,7 @@ def test_linear_support_gram_equals_the_formed_columns_gram(blocks: tuple[str, .
     layer = build_attention("linear", 12, 2)
     x = layer_norm(torch.randn(sequences, 9, 12, dtype=torch.float64)) + 0.2
     probe = linearise(layer, x, None, "qkv")
-    support = probe.layer.jacobian_support(probe.head_inputs(1, blocks))
+    support = probe.family.support(probe.head_inputs(1, blocks))
     assert support is not None and support.gram is not None
     formed = probe.head_jacobian_operator(1).columns(list(blocks)) @ support.p  # J_S P, formed
     reference = formed.T @ formed
@@ -1018,7 +1020,7 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_householder_qr() -> N
     """A tall block (several probe sequences) of full column rank: R upper triangular, U (kept as
     reflectors) orthonormal with mat = U R, and min_norm / residual equal least squares; a
     rank-deficient one is left to the SVD."""
-    from lra_cond.models.attention.linear import _factor, _Statistics
+    from lra_cond.conditioning.families.linear import _factor, _Statistics
 
     gen = torch.Generator().manual_seed(2)
     mat = torch.randn(90, 40, generator=gen, dtype=torch.float64) @ torch.diag(
@@ -1056,7 +1058,7 @@ def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: p
     import weakref
 
     from lra_cond.conditioning import jacobian as jacobian_module
-    from lra_cond.models.attention.linear import LinearAttention
+    from lra_cond.conditioning.families.linear import LinearJacobian
 
     torch.manual_seed(0)
     layer = build_attention("linear", 8, 2)
@@ -1064,9 +1066,9 @@ def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: p
     before = jacobian_condition(layer, x)
     assert before.reason is None
     made: list[tuple[tuple[str, ...], weakref.ref]] = []  # (the scope's blocks, its support columns)
-    real_support = LinearAttention.jacobian_support
+    real_support = LinearJacobian.support
 
-    def support(self: LinearAttention, inp):  # noqa: ANN001, ANN202
+    def support(self: LinearJacobian, inp):  # noqa: ANN001, ANN202
         out = real_support(self, inp)
         if out is not None:
             made.append((tuple(inp.blocks), weakref.ref(out.columns)))
@@ -1080,7 +1082,7 @@ def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: p
         seen.append((set(nulls), {b for b, ref in made if ref() is not None}))
         return real_spectra(jac, blocks, d, dim, x_real, nulls, *args, **kwargs)
 
-    monkeypatch.setattr(LinearAttention, "jacobian_support", support)
+    monkeypatch.setattr(LinearJacobian, "support", support)
     monkeypatch.setattr(jacobian_module, "head_spectra", spectra)
     after = jacobian_condition(layer, x)
     scope_blocks = {"all": ("q", "k", "v"), "q": ("q",), "k": ("k",), "v": ("v",)}
@@ -1177,7 +1179,7 @@ def test_statistics_block_factor_is_an_orthonormal_row_basis(kappa: float) -> No
     mat^T = Q R with R upper triangular, also near the first pass's certificate (kappa 2e6: that
     pass is off by ~eps kappa^2 ~ 1e-3), spanning the SVD's row space; a rank-deficient block
     takes the SVD."""
-    from lra_cond.models.attention.linear import _factor
+    from lra_cond.conditioning.families.linear import _factor
 
     gen = torch.Generator().manual_seed(0)
     left = torch.linalg.qr(torch.randn(40, 40, generator=gen, dtype=torch.float64)).Q
@@ -1201,9 +1203,10 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
     """Normalized attention's Q and K alone keep every coordinate and regularise their null
     directions (the scale is not input-side); the values equal dense, and a null direction the
     family does not declare (here K's scale) is still counted from exact svdvals, never hidden."""
-    from lra_cond.models.attention.normalized import NormalizedAttention
+    from lra_cond.conditioning.families.base import FAMILY_JACOBIANS
+    from lra_cond.conditioning.families.normalized import NormalizedJacobian
 
-    class NoKeyScale(NormalizedAttention):  # not registered: a test double
+    class NoKeyScale(NormalizedJacobian):  # not registered: a test double
         def symmetries(self, inp):  # noqa: ANN001, ANN201
             return {n: g for n, g in super().symmetries(inp).items() if n != "k_scale"}
 
@@ -1220,7 +1223,9 @@ def test_single_blocks_regularise_their_null_space(monkeypatch: pytest.MonkeyPat
     # scope by scope, each head: the whole head (its orthogonal gauge has no closed-form complement:
     # few directions, regularised), then Q and K; without its scale, K's declared nulls are all
     # input-side (the key shift) and are deflated instead
-    for layer, k_kept in ((build_attention("normalized", 8, 2), True), (NoKeyScale(8, 2), False)):
+    for family, k_kept in ((NormalizedJacobian, True), (NoKeyScale, False)):
+        monkeypatch.setitem(FAMILY_JACOBIANS, "normalized", family)
+        layer = build_attention("normalized", 8, 2)
         regularised.clear()
         fast = jacobian_condition(layer, x)
         dense = jacobian_condition(layer, x, method="dense")
@@ -1237,7 +1242,7 @@ def test_factored_products_equal_the_dense_block() -> None:
     factors from per-token factors equal the same products of the formed (T d) x (d D') blocks,
     for both factor kinds, with and without a low-rank correction (built here entry by entry)."""
     from lra_cond.conditioning import factored
-    from lra_cond.models.attention.jacobian import Factored, TokenMixing
+    from lra_cond.conditioning.families.base import Factored, TokenMixing
 
     gen = torch.Generator().manual_seed(0)
     t, d, p, r = 7, 3, 4, 5
@@ -1311,7 +1316,7 @@ def test_factored_products_equal_the_dense_block() -> None:
 def test_mixing_cross_products_equal_the_dense_corrections() -> None:
     """E^T E' m of both kinds of correction (token mixing F (x) I_d, a dense E), with each other and
     with themselves, and add_to + alpha E^T E' m, equal the products of their dense matrices."""
-    from lra_cond.models.attention.jacobian import DenseMixing, TokenMixing
+    from lra_cond.conditioning.families.base import DenseMixing, TokenMixing
 
     gen = torch.Generator().manual_seed(4)
     t, m, d, k = 9, 3, 2, 5
@@ -1359,7 +1364,7 @@ def test_kron_products_equal_the_dense_kronecker_product(output_side: bool) -> N
 def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:
     """Two sequences' corrected blocks stacked: the correction is block diagonal, so the stacked
     block's rows are each sequence's own rows."""
-    from lra_cond.models.attention.jacobian import Factored, TokenMixing
+    from lra_cond.conditioning.families.base import Factored, TokenMixing
 
     gen = torch.Generator().manual_seed(1)
     d, p = 2, 3

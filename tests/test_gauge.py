@@ -10,9 +10,9 @@ import torch
 import lra_cond.conditioning.spectrum as spectrum
 from lra_cond.conditioning import gauge, jacobian_condition
 from lra_cond.conditioning.deflation import Deflation, MetricDeflation
+from lra_cond.conditioning.families import base as jac
 from lra_cond.linalg import null_vectors
 from lra_cond.models.attention import build_attention
-from lra_cond.models.attention import jacobian as jac
 
 
 def _null_basis(w_q: torch.Tensor, w_k: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:

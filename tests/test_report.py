@@ -421,3 +421,26 @@ def test_damaged_run_files_are_one_line_and_no_report_folder(tmp_path, capsys, w
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {run}/") and expected in err[0], err
     assert not (root / "compare").exists()
+
+
+def test_warning_names_the_probes_without_a_separated_cut(tmp_path: Path) -> None:
+    """The monitor flags a probe whose kappa cut lies within a decade of what it excluded; the report
+    names each such probe of each run, and runs recorded before the flag existed give no warning."""
+    root = tmp_path / "r"
+
+    def layer(separated: bool | None) -> dict:
+        out = {"kappa": 1e12, "kappa_x": 10.0, "n_null": 130, "n_null_expected": 130}
+        return out if separated is None else out | {"cut_separated": separated, "cut_separation": 3.0}
+
+    probes = {
+        0: [[layer(True), layer(True)], [layer(True), layer(False)], [layer(False), layer(False)]],
+        1: [[layer(None), layer(None)]],  # an older run: no flag
+    }
+    for seed, layers in probes.items():
+        history = [{"step": 30 * i, "kappa_mean": 1e12, "layers": ls} for i, ls in enumerate(layers)]
+        metrics = {"best_val_acc": 0.5, "val_history": [[100, 0.5]], "test_acc": 0.5, "total_steps": STEPS}
+        write_metrics(root, "linear", seed, metrics | {"cond_history": history}, base_config("linear", seed))
+    main(["report", str(root)])
+    warnings = [ln for ln in (root / "compare" / "report.md").read_text().splitlines() if "separated" in ln]
+    assert len(warnings) == 1 and "`linear/seed0`" in warnings[0]
+    assert "at 3 probe(s) (step 30 layer 1, step 60 layer 0, step 60 layer 1)" in warnings[0]

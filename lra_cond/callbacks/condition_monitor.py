@@ -20,7 +20,13 @@ from rich.console import Console
 
 from lra_cond.callbacks.epochs import epochs_at
 from lra_cond.callbacks.layer_inputs import capture_layer_inputs, float64_copy, take_probe_batch
-from lra_cond.conditioning import DEFINITION, JacobianCondition, jacobian_condition
+from lra_cond.conditioning import (
+    DEFINITION,
+    UNSEPARATED,
+    JacobianCondition,
+    cut_separated,
+    jacobian_condition,
+)
 from lra_cond.conditioning.jacobian import DEFAULT_RTOL, METHODS
 from lra_cond.errors import UserError
 from lra_cond.heap import heap_kept
@@ -177,6 +183,8 @@ class ConditionNumberMonitor(pl.Callback):
                     "n_null": r.n_null,
                     "n_null_expected": r.n_null_expected,
                     "null_groups": r.null_groups,
+                    "cut_separation": r.cut_separation,
+                    "cut_separated": cut_separated(r.cut_separation),
                     "kappa_blocks": {b: s.kappa for b, s in r.per_block.items()},
                     "kappa_x": r.kappa_x,
                     "n_null_x": r.n_null_x,
@@ -189,6 +197,11 @@ class ConditionNumberMonitor(pl.Callback):
             if r.reason and not self._warned:
                 Console(stderr=True).print(f"[yellow]warning:[/] condition number not measured: {r.reason}")
                 self._warned = True
+            if not r.reason and not layers[-1]["cut_separated"]:
+                Console(stderr=True).print(
+                    f"[yellow]warning:[/] step {trainer.global_step}, layer {len(layers) - 1}: {UNSEPARATED} "
+                    f"(sigma_min {r.sigma_min:.3g}, largest excluded {r.null_gain:.3g}; docs/conditioning.md)"
+                )
         kappas = [r.kappa for r in results if r.kappa is not None]
         return {
             "step": trainer.global_step,
@@ -203,7 +216,7 @@ class ConditionNumberMonitor(pl.Callback):
         """TensorBoard scalars of one history entry. ``cond/``: what the curves are for (kappa of J,
         of each block, of the probe input X, of the stacked weights; each also as log10 so the
         curves read on one linear axis); ``cond_diag/``: how the measurement went (null counts,
-        seconds, per-head weight kappas)."""
+        seconds, per-head weight kappas, the decades between sigma_min and what the cut excluded)."""
         out: dict[str, float] = {}
 
         def put(name: str, value: float | None) -> None:
@@ -224,6 +237,8 @@ class ConditionNumberMonitor(pl.Callback):
             if layer["kappa"] is not None:
                 out[f"cond_diag/n_null/layer{i}"] = layer["n_null"]
                 out[f"cond_diag/n_null_unexplained/layer{i}"] = layer["n_null"] - layer["n_null_expected"]
+            if layer.get("cut_separation") is not None:
+                out[f"cond_diag/cut_separation/layer{i}"] = layer["cut_separation"]
         put("kappa/mean", entry["kappa_mean"])
         out["cond_diag/seconds"] = entry["seconds"]
         return out

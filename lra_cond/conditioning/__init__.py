@@ -2,8 +2,10 @@
 
 from lra_cond.conditioning.jacobian import (
     DEFINITION,
+    UNSEPARATED,
     JacobianCondition,
     SpectrumSummary,
+    cut_separated,
     jacobian_condition,
 )
 from lra_cond.conditioning.weight_kappa import weight_conditions
@@ -13,6 +15,8 @@ __all__ = [
     "DEFINITION",
     "JacobianCondition",
     "SpectrumSummary",
+    "UNSEPARATED",
+    "cut_separated",
     "jacobian_condition",
     "matrix_condition",
     "weight_conditions",

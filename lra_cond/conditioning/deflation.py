@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from lra_cond.conditioning import factored, gauge
+from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.preconditioner import (
     Preconditioner,
     dense_preconditioner,
@@ -18,7 +19,6 @@ from lra_cond.conditioning.preconditioner import (
     output_whitening,
 )
 from lra_cond.linalg import matvec
-from lra_cond.models.attention.jacobian import Factored
 
 
 def input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:

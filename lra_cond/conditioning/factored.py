@@ -1,7 +1,7 @@
 """Gram matrices of Jacobian blocks given as per-token factors, without forming the blocks.
 
 A block's rows (i, a) for token i and columns (b, c) (a d x D' weight, row-major) come from the
-family as ``Factored`` (``models/attention/jacobian.py``): token i's d x (d p) row block is
+family as ``Factored`` (``conditioning/families/base.py``): token i's d x (d p) row block is
 ``query_local``: J_i[a, (b, c)] = G_i[a, b] x_i[c], or ``outer``: J_i[a, (b, c)] = q_i[b] R_i[a, c].
 Every product here is a sum over tokens of d x p pieces, so it costs T d^2 p^2 flops where the
 dense block's costs T d (d p)^2, and keeps nothing of size T x d x d p. A block's low-rank
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from lra_cond.conditioning.families.base import Factored, Mixing, TokenMixing
 from lra_cond.linalg import kron_right, matvec
-from lra_cond.models.attention.jacobian import Factored, Mixing, TokenMixing
 
 
 def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,9 @@ import torch
 
 from lra_cond.conditioning import factored
 from lra_cond.conditioning.deflation import DeflatedRows, Deflation, deflation, input_rotation
+from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening, whitened
 from lra_cond.linalg import gram, orthonormal_basis
-from lra_cond.models.attention.jacobian import Factored
 
 
 def block_grams(fs1: list[Factored], fs2: list[Factored] | None, like: torch.Tensor) -> torch.Tensor:

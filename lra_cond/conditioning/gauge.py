@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from lra_cond.conditioning import factored
+from lra_cond.conditioning.families.base import Factored
 from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, null_vectors
-from lra_cond.models.attention.jacobian import Factored
 
 GAUGE_RTOL = 1e-10  # a group is the gauge (or input-side) when its directions fit that form to this
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs

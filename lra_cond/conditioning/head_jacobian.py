@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lra_cond.conditioning import factored
-from lra_cond.models.attention.jacobian import Factored, Part, ValueBlock, columns, part_like, part_shape
+from lra_cond.conditioning.families.base import Factored, Part, ValueBlock, columns, part_like, part_shape
 
 
 class HeadJacobian:

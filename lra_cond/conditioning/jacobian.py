@@ -13,9 +13,9 @@ for every beta and kappa is continuous in beta. Linear attention is measured in 
 limit, where scaling a sequence's key/value statistics (S, z) together is an exact symmetry
 (deflated like the others); with eps > 0 those directions sit at ~eps * sigma_max and set kappa.
 
-J is computed in float64, dropout off, on the family's ``jacobian_copy`` (explicit math, the
+J is computed in float64, dropout off, on a ``jacobian_copy`` of the layer (explicit math, the
 projections as bias-free maps of the augmented input [x, 1]). It is block diagonal over heads; each
-head's block comes from the family's closed form (``Attention.head_jacobian``) or forward-mode AD.
+head's block comes from the family's closed form (``families/<family>.py``) or forward-mode AD.
 J has an exact null space (``nullspace``: the input's own, and the family's verified symmetries),
 so kappa = sigma_max / sigma_min over its orthogonal complement; ``n_null`` says how many directions
 were excluded (the verified ones, plus any value <= rtol * sigma_max they do not explain).
@@ -33,6 +33,7 @@ Methods:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -40,17 +41,17 @@ import torch
 
 from lra_cond.conditioning import gauge
 from lra_cond.conditioning.extremes import Extremes
+from lra_cond.conditioning.families.base import Support
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.linearised import LinearisedLayer, linearise
-from lra_cond.conditioning.nullspace import ACCEPT_RTOL, snap_input, verified_groups
+from lra_cond.conditioning.nullspace import ACCEPT_RTOL, group_gain, snap_input, verified_groups
 from lra_cond.conditioning.spectrum import NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.conditioning.whole_head import GaugePart
 from lra_cond.errors import UserError
-from lra_cond.linalg import RANK_RTOL, normal_draws, span_union, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, largest_excluded, normal_draws, span_union, spectrum_cut, svdvals
 from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.jacobian import Support
 
 METHODS = ("gram", "qr", "dense")
 SPAN_RTOL = 1e-6  # a group's direction counts when this far from the span of those before it
@@ -59,6 +60,11 @@ SPAN_RTOL = 1e-6  # a group's direction counts when this far from the span of th
 # query features pass near 0 at some token (phi = exp(q) vs q + 1 differ by ~q^2 / 2 there), has
 # kappa 1e10-4e12 at init and during training. 1e-13 sits in that gap (1e-11 cut into it).
 DEFAULT_RTOL = 1e-13
+# A cut closer than this (decades) to the largest value it excluded does not separate the spectrum:
+# kappa then moves with rtol and with tiny weight changes (a value crossing the cut), and the probe
+# says so (``cut_separated``; docs/conditioning.md, "When the cut is not separated").
+SEPARATION_MIN = 1.0
+UNSEPARATED = "no separated cut: kappa depends on where rtol falls in a continuous spectrum"
 DEFINITION = (
     "kappa of d A / d (W_Q, b_Q, W_K, b_K, W_V, b_V) over the orthogonal complement of its verified "
     "null space; A = attention output before out_proj at the probe's real tokens; float64, eval, "
@@ -76,6 +82,17 @@ class SpectrumSummary:
     n_null: int  # singular values excluded as null
     n_null_expected: int  # dimension of the verified analytic null space
     n_params: int
+    # a bound on the largest singular value the cut excluded: J's gain on the deflated directions
+    # (``nullspace.group_gain``) or the largest exact value at or below rtol * sigma_max
+    null_gain: float = 0.0
+
+    @property
+    def separation(self) -> float | None:
+        """Decades between sigma_min and ``null_gain``: how clearly the cut separates the kept
+        spectrum from what it excluded (None when nothing was excluded)."""
+        if self.sigma_min is None or self.null_gain <= 0:
+            return None
+        return math.log10(self.sigma_min / self.null_gain)
 
 
 @dataclass
@@ -95,10 +112,18 @@ class JacobianCondition:
     null_groups: dict[str, int] = field(default_factory=dict)  # verified symmetry -> directions
     per_block: dict[str, SpectrumSummary] = field(default_factory=dict)  # "q", "k", "v" alone
     weights: dict[str, dict] = field(default_factory=dict)  # kappa(W_b) stacked and per head
+    null_gain: float = 0.0  # ``SpectrumSummary.null_gain`` of the whole head's scope
+    cut_separation: float | None = None  # ``SpectrumSummary.separation`` of it (decades)
     kappa_x: float | None = None  # kappa of the probe input the projections read ([X, 1] with biases)
     n_null_x: int = 0  # its null directions excluded from kappa_x (1 after a LayerNorm, any bias)
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+
+
+def cut_separated(separation: float | None) -> bool:
+    """Whether a probe's cut lies at least ``SEPARATION_MIN`` decades below sigma_min (None: nothing
+    was excluded, nothing to separate)."""
+    return separation is None or separation >= SEPARATION_MIN
 
 
 def input_condition(x: torch.Tensor, rtol: float) -> tuple[float, int]:
@@ -243,9 +268,10 @@ class _Reduction:
     def basis_of(self, basis: torch.Tensor) -> torch.Tensor:
         return basis  # verified groups are already in the reduced layout
 
-    def verified(self) -> bool:
+    def verified(self) -> float | None:
         """J vanishes on the support's complement and the columns are J_S P (two random directions
-        each), relative to J's gain."""
+        each), relative to J's gain: a bound on J's gain on the complement (``group_gain``), or
+        None when either fails."""
         gen = torch.Generator().manual_seed(1)
         r = normal_draws(gen, self.p.shape[0], 2, dtype=self.p.dtype, device=self.p.device)
         off = r - self.p @ (self.p.T @ r)
@@ -256,9 +282,11 @@ class _Reduction:
         j_r, j_off, j_py = self.jac.apply(probes, self.support_blocks).split(2, 1)
         gain = max(float(j_r.norm() / r.norm()), 1e-300)
         if float(j_off.norm()) > ACCEPT_RTOL * gain * float(off.norm()):
-            return False
+            return None
         diff = self.dense @ y - j_py
-        return float(diff.norm()) <= ACCEPT_RTOL * gain * float(y.norm())
+        if float(diff.norm()) > ACCEPT_RTOL * gain * float(y.norm()):
+            return None
+        return group_gain(j_off.norm(dim=0), off.norm(dim=0), self.removed)
 
 
 def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support | None) -> _Reduction | None:
@@ -280,12 +308,25 @@ def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support 
     )
 
 
-def _combine(heads: list[Extremes], expected: int, n_params: int, rtol: float) -> SpectrumSummary:
+def _combine(
+    heads: list[Extremes], expected: int, n_params: int, rtol: float, null_gain: float
+) -> SpectrumSummary:
     smax = max(e.sigma_max for e in heads)
     kept = [e.sigma_min for e in heads if e.sigma_min > rtol * smax]  # the dense reference's cut
     smin = min(kept)
     n_null = sum(e.n_null for e in heads) + sum(e.sigma_min <= rtol * smax for e in heads)
-    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params)
+    cut = [e.sigma_min for e in heads if e.sigma_min <= rtol * smax] + [e.largest_null for e in heads]
+    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, max([null_gain, *cut]))
+
+
+def _dense_summary(
+    jacs: list[HeadJacobian], sb: tuple[str, ...], rtol: float, expected: int, n_params: int
+) -> SpectrumSummary:
+    """The scope's every singular value by svdvals of each head's columns, cut at rtol (the
+    ``dense`` method's definition)."""
+    s = torch.cat([svdvals(j.columns(sb)) for j in jacs])
+    smax, smin, n_null = spectrum_cut(s, rtol)
+    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, largest_excluded(s, rtol))
 
 
 def _scope_nulls(
@@ -295,13 +336,14 @@ def _scope_nulls(
     w0: torch.Tensor,
     group_ranks: dict[str, int],
     count: bool,
-) -> list[ScopeNull]:
+) -> tuple[list[ScopeNull], float]:
     """Every head's verified null space on the scope over blocks ``sb`` (a group is kept only if it
     is null in every head), on the family's support where it gives one. ``group_ranks``: {group:
-    directions over all heads}, this scope's counts added when ``count`` (the whole head's scope)."""
+    directions over all heads}, this scope's counts added when ``count`` (the whole head's scope).
+    Also returns a bound on J's largest gain on every direction the scope treats as null."""
     heads = range(probe.num_heads)
     size = probe.block_size
-    supports = [probe.layer.jacobian_support(probe.head_inputs(h, sb)) for h in heads]
+    supports = [probe.family.support(probe.head_inputs(h, sb)) for h in heads]
     reduced = [_reduce(jacs[h], sb, size, s) for h, s in enumerate(supports)]
 
     def apply(h: int, v: torch.Tensor) -> torch.Tensor:
@@ -310,15 +352,18 @@ def _scope_nulls(
     def transform(h: int, v: torch.Tensor) -> torch.Tensor:
         return v if reduced[h] is None else reduced[h].coordinates(v)
 
-    groups, _ = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
+    groups, gains = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
+    null_gain = max(gains.values(), default=0.0)
     nulls = []
     for h in heads:
         red = reduced[h]
         width = len(sb) * size if red is None else red.n_kron + red.dense.shape[1]
         null, added = _scope_null(groups[h], width, probe.x)
         if red is not None:
-            if not red.verified():
-                raise RuntimeError(f"{type(probe.layer).__name__}.jacobian_support is not a support of J")
+            off_gain = red.verified()
+            if off_gain is None:
+                raise RuntimeError(f"{type(probe.family).__name__}.support is not a support of J")
+            null_gain = max(null_gain, off_gain)
             null = ScopeNull(
                 red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product, red.gram
             )
@@ -328,7 +373,7 @@ def _scope_nulls(
             for g, n in zip(groups[h], added):
                 if n:
                     group_ranks[g.name] = group_ranks.get(g.name, 0) + n
-    return nulls
+    return nulls, null_gain
 
 
 def jacobian_condition(
@@ -396,11 +441,12 @@ def jacobian_condition(
     group_ranks: dict[str, int] = {}
     spectra: list[dict[str, Extremes]] = [{} for _ in heads]
     expected_of: dict[str, int] = {}
+    null_gain_of: dict[str, float] = {}
     # One scope at a time, each head's spectrum taken before the next scope's nulls are built: a
     # family's reduced columns (linear attention's K/V statistics support, ~0.5-1 GB a head and
     # scope on the tiny split) never outlive their scope
     for scope, sb in scopes.items():
-        nulls = _scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
+        nulls, null_gain_of[scope] = _scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
         expected_of[scope] = sum(n.basis.shape[1] + n.reduced for n in nulls)
         if method != "dense":
             for h in heads:
@@ -423,14 +469,20 @@ def jacobian_condition(
         expected = expected_of[scope]
         n_params = probe.num_heads * len(sb) * probe.block_size
         if method == "dense":
-            s = torch.cat([svdvals(j.columns(sb)) for j in jacs])
-            smax, smin, n_null = spectrum_cut(s, rtol)
-            summary = SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params)
+            summary = _dense_summary(jacs, sb, rtol, expected, n_params)
         else:
             per_head = [sp[scope] for sp in spectra]
             for h, e in enumerate(per_head):
                 result.notes += [f"{scope}, head {h}: {n}" for n in e.notes]
-            summary = _combine(per_head, expected, n_params, rtol)
+            summary = _combine(per_head, expected, n_params, rtol, null_gain_of[scope])
+            if summary.null_gain > rtol * summary.sigma_max:
+                # one cut for the whole probe: a verified group J does not map under rtol * sigma_max
+                # is not null by the spectrum's own test, so the scope's values come from svdvals
+                result.notes.append(
+                    f"{scope}: J reaches {summary.null_gain / summary.sigma_max:.1e} sigma_max on the "
+                    "directions verified as null, above rtol: values taken from svdvals"
+                )
+                summary = _dense_summary(jacs, sb, rtol, expected, n_params)
         if summary.n_null != expected:
             result.notes.append(
                 f"{scope}: {summary.n_null} singular values below rtol "
@@ -441,6 +493,7 @@ def jacobian_condition(
             result.sigma_min = summary.sigma_min
             result.n_null, result.n_null_expected = summary.n_null, summary.n_null_expected
             result.null_groups = group_ranks
+            result.null_gain, result.cut_separation = summary.null_gain, summary.separation
         else:
             result.per_block[scope] = summary
     return result

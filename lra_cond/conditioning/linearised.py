@@ -1,16 +1,17 @@
 """The function whose Jacobian is measured: one attention layer's pre-``out_proj`` output at the real
 tokens of a fixed input, as a map from every parameter of its q/k/v projections.
 
-The layer is the family's ``jacobian_copy`` (float64, eval, explicit math, projections W~ = [W | b]
-of the augmented input x~ = [x, 1] when the layer has biases), so the parameters are the weights
-W~ only. They are laid out head by head, ``[W~_Q^h, W~_K^h, W~_V^h]`` (only the blocks asked for),
-each flattened row-major from torch's ``weight[out, in]`` layout. Head h's output depends only on
-its own rows of the three projections, so the Jacobian is block diagonal over heads and its
-singular values are the union of the heads'.
+The layer is a ``jacobian_copy`` (float64, eval, explicit math, projections W~ = [W | b] of the
+augmented input x~ = [x, 1] when the layer has biases, at the limit its family is measured at), so
+the parameters are the weights W~ only. They are laid out head by head, ``[W~_Q^h, W~_K^h,
+W~_V^h]`` (only the blocks asked for), each flattened row-major from torch's ``weight[out, in]``
+layout. Head h's output depends only on its own rows of the three projections, so the Jacobian is
+block diagonal over heads and its singular values are the union of the heads'.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,10 +19,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
+from lra_cond.conditioning.families import FamilyJacobian, family_jacobian
+from lra_cond.conditioning.families.base import BLOCKS, HeadInputs
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
-from lra_cond.models.attention.jacobian import BLOCKS, HeadInputs
 
 BLOCK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
 CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products (AD fallback)
@@ -55,6 +57,7 @@ class LinearisedLayer:
     real: torch.Tensor  # (B, N) True at real (query) positions
     blocks: tuple[str, ...]
     dim_raw: int  # D, the layer's own input width
+    family: FamilyJacobian  # what the layer's family knows of its Jacobian
 
     @property
     def num_heads(self) -> int:
@@ -107,7 +110,7 @@ class LinearisedLayer:
 
     def head_jacobian_operator(self, h: int, closed_form: bool = True) -> HeadJacobian:
         """Head h's Jacobian as the blocks the family gave (dense columns formed only on demand)."""
-        parts = self.layer.head_jacobian_parts(self.head_inputs(h)) if closed_form else None
+        parts = self.family.parts(self.head_inputs(h)) if closed_form else None
         if parts is None:
             return HeadJacobian.from_dense(self.ad_head_jacobian(h), self.blocks, self.head_dim, self.dim)
         return HeadJacobian(parts, self.blocks)
@@ -157,6 +160,28 @@ class LinearisedLayer:
         return f
 
 
+def jacobian_copy(layer: Attention) -> Attention:
+    """A float64, eval-mode, explicit-math copy whose q/k/v projections are the bias-free maps
+    W~ = [W | b] of the augmented input [x, 1] (J over (W, b) is J over W~), at the options its
+    family is measured at (``FamilyJacobian.measured_at``: linear attention's eps -> 0)."""
+    out = copy.deepcopy(layer).to(torch.float64).eval()
+    out.explicit = True
+    for name in BLOCK_NAMES.values():
+        old = getattr(out, name)
+        weight = old.weight.detach()
+        if old.bias is not None:
+            weight = torch.cat([weight, old.bias.detach()[:, None]], 1)
+        new = nn.Linear(*weight.shape[::-1], bias=False, dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            new.weight.copy_(weight)
+        setattr(out, name, new)
+    for p in out.parameters():
+        p.requires_grad_(False)
+    for option, value in family_jacobian(out).measured_at.items():
+        setattr(out, option, value)
+    return out
+
+
 def linearise(
     layer: Attention, x: torch.Tensor, key_padding_mask: torch.Tensor | None, blocks: str
 ) -> LinearisedLayer:
@@ -174,10 +199,10 @@ def linearise(
             f"key_padding_mask must be (batch, seq) = {tuple(x.shape[:2])}, "
             f"got {tuple(key_padding_mask.shape)}"
         )
-    copy64 = layer.jacobian_copy().to(x.device)
+    copy64 = jacobian_copy(layer).to(x.device)
     x64 = x.detach().to(torch.float64)
-    if copy64.input_dim == layer.dim + 1:
+    if copy64.q_proj.in_features == layer.dim + 1:
         x64 = torch.cat([x64, torch.ones_like(x64[..., :1])], -1)
     mask = None if key_padding_mask is None else key_padding_mask.to(x.device).bool()
     real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else ~mask
-    return LinearisedLayer(copy64, x64, mask, real, parse_blocks(blocks), layer.dim)
+    return LinearisedLayer(copy64, x64, mask, real, parse_blocks(blocks), layer.dim, family_jacobian(copy64))

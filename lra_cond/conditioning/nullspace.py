@@ -6,8 +6,9 @@ Candidates per head and scope (the whole head, or one block alone):
   direction u w^T of a projection leaves its output unchanged: d directions per block and per null
   vector w. With the augmented input X~ = [X, 1], a LayerNorm's rows give w = [1/gamma, -c] for any
   bias beta (c = beta . (1/gamma)), so this count does not change as beta leaves 0.
-* **The family's own symmetries** (``Attention.symmetries``): the gauge of bilinear scores, key
-  shifts under softmax, normalisation scales, linear attention's key/value statistics, ...
+* **The family's own symmetries** (``FamilyJacobian.symmetries`` in ``conditioning/families/``): the
+  gauge of bilinear scores, key shifts under softmax, normalisation scales, linear attention's
+  key/value statistics, ...
 
 A group is accepted when J applied to two random combinations of it is zero relative to J's
 typical gain: if J restricted to the group were not zero, a random combination would be null with
@@ -16,15 +17,16 @@ probability zero, so two products verify the whole group, for any family.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 
 from lra_cond.conditioning import gauge
+from lra_cond.conditioning.families.base import rows_equal
 from lra_cond.conditioning.linearised import LinearisedLayer
 from lra_cond.conditioning.spectrum import NullGroup
 from lra_cond.linalg import RANK_RTOL, normal_draws, null_vectors
-from lra_cond.models.attention.jacobian import rows_equal
 
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
 
@@ -77,7 +79,7 @@ def candidates(
             directions = _layout(blocks, {b: rows_equal(w0, d)}, d, dim)
             out[f"input_null_{b}"] = NullGroup(f"input_null_{b}", frozenset(b), directions, input_side=w0)
     inp = probe.head_inputs(h, blocks)
-    for name, parts in probe.layer.symmetries(inp).items():
+    for name, parts in probe.family.symmetries(inp).items():
         parts = {b: p for b, p in parts.items() if p.shape[0]}
         if parts and set(parts) <= set(blocks):
             touched = frozenset(b for b, p in parts.items() if bool(p.abs().max() > 0))
@@ -101,9 +103,9 @@ def verified_groups(
     apply: Callable[[int, torch.Tensor], torch.Tensor],
     seed: int = 0,
     transform: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[list[list[NullGroup]], dict[str, int]]:
+) -> tuple[list[list[NullGroup]], dict[str, float]]:
     """Per head, the candidate groups that ``apply(h, V)`` (= J_h V in the scope's layout) maps to
-    zero; and {group: directions over all heads} (before removing overlaps between groups).
+    zero; and {kept group: a bound on J's largest gain on it, over all heads} (``group_gain``).
     ``transform(h, V)`` maps candidates to the layout ``apply`` takes (a family's reduced
     coordinates); a group that vanishes there lies among the directions the reduction removed."""
     gen = torch.Generator().manual_seed(seed)
@@ -135,11 +137,22 @@ def verified_groups(
         norms.append((apply(h, v).norm(dim=0), v.norm(dim=0)))
     reference = max(float(out[0] / inp[0]) for out, inp in norms) if norms else 0.0
     kept: list[list[NullGroup]] = [[] for _ in heads]
-    counts: dict[str, int] = {}
+    gains: dict[str, float] = {}
     for j, name in enumerate(names):
         cols = slice(1 + 2 * j, 3 + 2 * j)
         if all(bool((out[cols] <= ACCEPT_RTOL * reference * inp[cols]).all()) for out, inp in norms):
             for h in heads:
                 kept[h].append(cands[h][name])
-            counts[name] = sum(cands[h][name].directions.shape[1] for h in heads)
-    return kept, counts
+            gains[name] = max(
+                group_gain(out[cols], inp[cols], cands[h][name].directions.shape[1])
+                for h, (out, inp) in enumerate(norms)
+            )
+    return kept, gains
+
+
+def group_gain(out: torch.Tensor, inp: torch.Tensor, m: int) -> float:
+    """A bound on J's largest gain over an m-dimensional group from random combinations v of it
+    (||J v|| = ``out``, ||v|| = ``inp``): sqrt(m) times their largest ratio. For orthonormal
+    directions E ||J v||^2 = ||J G||_F^2 >= sigma_max(J G)^2 while E ||v||^2 = m, so the ratio reads
+    the group's root-mean-square gain, which sqrt(m) lifts to at least its largest (in expectation)."""
+    return math.sqrt(m) * float((out / inp.clamp_min(1e-300)).max())

@@ -82,6 +82,7 @@ import torch
 from lra_cond.conditioning import extremes, factored_scopes, gauge, whole_head
 from lra_cond.conditioning.deflation import deflate_columns
 from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes
+from lra_cond.conditioning.families.base import Factored, ValueBlock
 from lra_cond.conditioning.gauge import NullStructure
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.conditioning.preconditioner import (
@@ -92,8 +93,7 @@ from lra_cond.conditioning.preconditioner import (
     whitened,
 )
 from lra_cond.conditioning.whole_head import GaugePart, Head
-from lra_cond.linalg import gram, normal_draws, orthonormal_basis, spectrum_cut, svdvals
-from lra_cond.models.attention.jacobian import Factored, ValueBlock
+from lra_cond.linalg import gram, largest_excluded, normal_draws, orthonormal_basis, spectrum_cut, svdvals
 
 
 @dataclass
@@ -150,10 +150,13 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
 def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
     """Y (x) I_d: every singular value of Y, d times (exact)."""
     s = svdvals(y)
-    smax, smin, n_null = spectrum_cut(torch.cat([s, s.new_zeros(y.shape[1] - s.numel())]), rtol)
+    s = torch.cat([s, s.new_zeros(y.shape[1] - s.numel())])
+    smax, smin, n_null = spectrum_cut(s, rtol)
     extra = d * n_null - verified
     notes = [f"{extra} value-block null value(s) beyond the verified ones"] if extra > 0 else []
-    return Extremes(smax, smin, max(verified, d * n_null), max(extra, 0), "kron", notes)
+    return Extremes(
+        smax, smin, max(verified, d * n_null), max(extra, 0), "kron", notes, largest_excluded(s, rtol)
+    )
 
 
 def _value_rotation(

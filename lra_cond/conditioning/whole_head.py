@@ -31,10 +31,10 @@ from lra_cond.conditioning.factored_scopes import (
     release_whole_head_parts,
     share_alone,
 )
+from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
 from lra_cond.conditioning.triangular import BorderedGram
 from lra_cond.linalg import gram, kron_left, kron_right, normal_draws, orthonormal_basis, orthonormal_columns
-from lra_cond.models.attention.jacobian import Factored
 
 # a group of the gauge's form, as its (M_i, W_Q, W_K) (``spectrum.NullGroup.maps``), and a mask of its
 # columns among a scope's null basis (``spectrum.ScopeNull.gauge_part``)

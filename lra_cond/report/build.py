@@ -58,10 +58,29 @@ def warnings_for(runs: list[Run]) -> list[str]:
             f"each: {names}) — the comparison is not like for like; rerun them on one prepared copy."
         )
     for r in runs:
+        unseparated = unseparated_probes(r)
+        if unseparated:
+            out.append(
+                f"`{r.init}/seed{r.seed}`: κ(J) has no separated cut at {len(unseparated)} probe(s) "
+                f"({', '.join(unseparated[:4])}{', ...' if len(unseparated) > 4 else ''}): there κ depends "
+                "on where rtol falls in a continuous spectrum (docs/conditioning.md)."
+            )
+    for r in runs:
         if not r.config:
             out.append(f"`{r.init}/seed{r.seed}` has no config.yaml: its config cannot be checked.")
         if not r.finished:
             out.append(f"`{r.init}/seed{r.seed}` has no test accuracy (unfinished run?).")
+    return out
+
+
+def unseparated_probes(run: Run) -> list[str]:
+    """ "step S layer L" of every probe the monitor flagged as having no separated cut (runs
+    recorded before the flag existed have none)."""
+    out = []
+    for probe in run.metrics.get("cond_history") or []:
+        for i, layer in enumerate(probe.get("layers", [])):
+            if layer.get("cut_separated") is False:
+                out.append(f"step {probe['step']} layer {i}")
     return out
 
 

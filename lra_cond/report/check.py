@@ -54,9 +54,13 @@ def check_run(run: Run) -> None:
             at = f"{where}.layers[{j}]"
             if not isinstance(layer, dict):
                 raise _damaged(run, METRICS_FILE, at, layer, "a layer's entry")
-            for key in ("kappa", "kappa_x"):
+            for key in ("kappa", "kappa_x", "cut_separation"):
                 if layer.get(key) is not None and not _number(layer[key]):
                     raise _damaged(run, METRICS_FILE, f"{at}.{key}", layer[key], "a number")
+            if layer.get("cut_separated") not in (None, True, False):
+                raise _damaged(
+                    run, METRICS_FILE, f"{at}.cut_separated", layer["cut_separated"], "true or false"
+                )
             weights = layer.get("weights")
             if weights is not None and not (
                 isinstance(weights, dict)

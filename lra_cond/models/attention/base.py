@@ -5,13 +5,12 @@ Inits and the Jacobian probe act only through ``q_proj``/``k_proj``/``v_proj``/`
 ``h*head_dim:(h+1)*head_dim`` of the q/k/v weights. A family is one file: a subclass
 ``class MyAttention(Attention, name="mine")`` registers itself under its name, declares its options
 once (``options = {"eps": Option(1e-6, float, positive=True)}``: defaults, types and ranges, checked
-here), and supplies its kernel (and, for the condition-number probe, its Jacobian's closed form and
-symmetries; see ``jacobian.py``).
+here), and supplies its kernel. What the condition-number probe knows of a family's Jacobian (its
+closed form and symmetries) lives with the probe, in ``lra_cond/conditioning/families/``.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from einops import rearrange
 from torch import nn
 
 from lra_cond.errors import UserError
-from lra_cond.models.attention.jacobian import HeadInputs, Part, Support
 from lra_cond.registry import Registry
 
 ATTENTIONS: Registry[type] = Registry("attention")
@@ -158,51 +156,6 @@ class Attention(nn.Module):
     @property
     def attn_dropout(self) -> float:
         return self.dropout if self.training else 0.0
-
-    # ---- what the condition-number probe asks of a family (see ``attention/jacobian.py``)
-
-    @property
-    def input_dim(self) -> int:
-        """Width of what the q/k/v projections read: D, or D + 1 on a ``jacobian_copy`` of a layer
-        with biases (the augmented input [x, 1])."""
-        return self.q_proj.in_features
-
-    def jacobian_copy(self) -> Attention:
-        """A float64, eval-mode, explicit-math copy whose q/k/v projections are the bias-free maps
-        W~ = [W | b] of the augmented input [x, 1] (J over (W, b) is J over W~). Subclasses may
-        also move to the limit the probe measures (linear attention: eps -> 0)."""
-        layer = copy.deepcopy(self).to(torch.float64).eval()
-        layer.explicit = True
-        for name in ("q_proj", "k_proj", "v_proj"):
-            old = getattr(layer, name)
-            weight = old.weight.detach()
-            if old.bias is not None:
-                weight = torch.cat([weight, old.bias.detach()[:, None]], 1)
-            new = nn.Linear(*weight.shape[::-1], bias=False, dtype=weight.dtype, device=weight.device)
-            with torch.no_grad():
-                new.weight.copy_(weight)
-            setattr(layer, name, new)
-        for p in layer.parameters():
-            p.requires_grad_(False)
-        return layer
-
-    def head_jacobian_parts(self, inp: HeadInputs) -> dict[str, Part] | None:
-        """Closed-form head Jacobian on a ``jacobian_copy``, block by block ({block: (T, d, d, D')
-        tensor or ``Factored``}, layout in ``attention/jacobian.py``), or None: the probe then
-        takes it by forward-mode AD through ``kernel_explicit``."""
-        return None
-
-    def jacobian_support(self, inp: HeadInputs) -> Support | None:
-        """For blocks that reach the output only through a subspace: that subspace (``Support``).
-        The probe then works on J_S P: the complement's n - r directions are null (checked
-        numerically). None (default): no such structure."""
-        return None
-
-    def symmetries(self, inp: HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
-        """Candidate exact null directions of the head Jacobian beyond the input's own null space:
-        {group name: {block: (m, d, D') directions}}, only groups whose blocks are all in
-        ``inp.blocks``. The probe keeps a group only after verifying it numerically."""
-        return {}
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, Attention]]:

@@ -4,20 +4,23 @@ The probe measures J = d vec(A_h) / d (W_Q^h, b_Q^h, W_K^h, b_K^h, W_V^h, b_V^h)
 head's output before ``out_proj`` with respect to every parameter of its q/k/v projections. A
 projection with a bias is the bias-free map W~ = [W | b] of the augmented input x~ = [x, 1], so a
 family only ever sees bias-free projections of an input of width D' (D + 1 with biases, else D):
-``Attention.jacobian_copy`` builds that float64 copy.
+``linearised.jacobian_copy`` builds that float64 copy.
 
 Columns of a head's Jacobian: one block per projection asked for (q, k, v order), each d x D'
 flattened row-major from torch's ``weight[out, in]`` layout, entry (b, c) = d/d W~[b, c]. Rows:
 (token, output coordinate a), tokens in probe order (sequence by sequence, real tokens only).
 
-A family provides (see ``Attention``):
-* ``head_jacobian_parts(inp)``: that matrix in closed form, block by block, a block either dense
+A family's file in this package subclasses ``FamilyJacobian`` (``class MyJacobian(FamilyJacobian,
+family="mine")``, registered under the attention family's name) and may provide:
+* ``parts(inp)``: that matrix in closed form, block by block, a block either dense
   ((T, d, d, D') tensor [i, a, b, c]), ``Factored`` (the probe then also forms its Gram matrix
   from the factors, T x d^2 x D'^2 instead of T d x (d D')^2) or a ``ValueBlock`` (Y (x) I_d,
   kept as Y); the probe forms dense columns only where it needs them, and falls back to
   forward-mode AD through the explicit kernel for a family without a closed form;
+* ``support(inp)``: for blocks that reach the output only through a subspace, that subspace;
 * ``symmetries(inp)``: candidate exact null directions of the Jacobian, by name, per block
   (the probe verifies every group numerically before it deflates it).
+A family without a file is measured through forward-mode AD, with the input's null space only.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
 from lra_cond.linalg import matvec, null_vectors
+from lra_cond.models.attention.base import Attention
 
 BLOCKS = ("q", "k", "v")
 
@@ -71,6 +76,48 @@ class Support:
     # () -> (J_S P)^T (J_S P) by the family's structure, to a preconditioner's accuracy (it may
     # lose the small eigenvalues a Gram of the formed columns keeps)
     gram: Callable[[], torch.Tensor] | None = None
+
+
+FAMILY_JACOBIANS: dict[str, type[FamilyJacobian]] = {}
+
+
+class FamilyJacobian:
+    """One family's Jacobian on a probe's ``jacobian_copy`` of a layer (one instance per probe, so
+    ``cache`` holds what the probe's scopes share). This base knows no closed form, no support and
+    no symmetry: the probe then uses forward-mode AD and the input's own null space."""
+
+    # layer options the probe measures at (a limit of the layer's function), set on its copy
+    measured_at: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, family: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if family is not None:
+            FAMILY_JACOBIANS[family] = cls
+
+    def __init__(self, layer: Attention) -> None:
+        self.layer = layer
+        self.cache: dict = {}
+
+    def parts(self, inp: HeadInputs) -> dict[str, Part] | None:
+        """Closed-form head Jacobian, block by block ({block: (T, d, d, D') tensor, ``Factored`` or
+        ``ValueBlock``}), or None: forward-mode AD through ``kernel_explicit``."""
+        return None
+
+    def support(self, inp: HeadInputs) -> Support | None:
+        """For blocks that reach the output only through a subspace: that subspace. The probe then
+        works on J_S P: the complement's n - r directions are null (checked numerically)."""
+        return None
+
+    def symmetries(self, inp: HeadInputs) -> dict[str, dict[str, torch.Tensor]]:
+        """Candidate exact null directions of the head Jacobian beyond the input's own null space:
+        {group name: {block: (m, d, D') directions}}, only groups whose blocks are all in
+        ``inp.blocks``. The probe keeps a group only after verifying it numerically."""
+        return {}
+
+
+def family_jacobian(layer: Attention) -> FamilyJacobian:
+    """The Jacobian knowledge registered under the layer's family name (the base one if none)."""
+    return FAMILY_JACOBIANS.get(layer.name, FamilyJacobian)(layer)
 
 
 # ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')
