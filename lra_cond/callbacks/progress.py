@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import (
     BatchesProcessedColumn,
     CustomTimeColumn,
+    MetricsTextColumn,
     ProcessingSpeedColumn,
 )
 from rich.console import Console
@@ -172,8 +173,14 @@ class StepProgressBar(RichProgressBar):
             return
         if self.train_progress_bar_id is None:  # a resume that starts mid-epoch
             self.on_train_epoch_start(trainer, pl_module)
-        self._update(self.train_progress_bar_id, trainer.global_step)
-        self._update_metrics(trainer, pl_module)
+        # What Lightning's bar does here, on the run's step: the training task, then the metrics column.
+        if self.progress is not None and self.train_progress_bar_id is not None:
+            self.progress.update(self.train_progress_bar_id, completed=trainer.global_step, visible=True)
+            columns = [c for c in self.progress.columns if isinstance(c, MetricsTextColumn)]
+            if columns:
+                metrics = self.get_metrics(trainer, pl_module)
+                for column in columns:
+                    column.update(metrics)
         self.refresh()
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
