@@ -134,11 +134,13 @@ class TensorBoardSummary(pl.Callback):
         for logger in _tensorboard_loggers(trainer):
             # What Lightning's log_hyperparams writes (the hp metrics as scalars, then the session),
             # with FIRST_COLUMNS first; hparams.yaml keeps the model's own hparams. Called after the
-            # trainer's teardown finalized the logger: writing reopens the writer; flush so the
-            # session is on disk before the best checkpoint is tested.
+            # trainer's teardown finalized the logger: writing the scalars reopens the SummaryWriter's
+            # events file (``metrics`` always holds hp/best_val_acc), whose public ``file_writer``
+            # then takes the session's summaries; flush so the session is on disk before the best
+            # checkpoint is tested.
             logger.log_metrics(metrics)
             experiment, start, end = hparams(params, metrics)
-            writer = logger.experiment._get_file_writer()
+            writer = logger.experiment.file_writer
             for summary in (first_columns(experiment, FIRST_COLUMNS), start, end):
                 writer.add_summary(summary)
             logger.experiment.flush()
