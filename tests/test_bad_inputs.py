@@ -170,6 +170,11 @@ CATALOGUE = [
         "a fraction of an epoch in (0, 1], got 1.5",
     ),
     entry(
+        "time-based validation interval",
+        [*FIT, "--trainer.val_check_interval", "00:01:00"],
+        "got 00:01:00 (a time-based cadence is not supported)",
+    ),
+    entry(
         "zero gradient accumulation", [*FIT, "--trainer.accumulate_grad_batches", "0"], "must be >= 1, got 0"
     ),
     entry(
