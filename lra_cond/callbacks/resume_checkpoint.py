@@ -149,9 +149,39 @@ def _validation_follows(trainer: pl.Trainer) -> bool:
     """Whether Lightning validates right after this training batch (asked from on_train_batch_end).
 
     A checkpoint saved before a due validation would make a resume skip it (see the module doc).
+    Lightning decides in its training loop (``_should_check_val_fx``, private, and no hook says it
+    beforehand); this is the same rule from the trainer's public state. Not covered: a time-based
+    ``val_check_interval`` (it depends on a private clock; fit refuses one) and a ``training_step``
+    that takes the ``dataloader_iter`` (LraModel's does not). tests/test_resume_checkpoint.py checks
+    it against the validations Lightning runs, on every cadence fit accepts.
     """
-    loop = trainer.fit_loop.epoch_loop
-    try:
-        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-    except Exception:  # Lightning internals changed: assume none, at worst a resume skips one
+    if not trainer.enable_validation:
         return False
+    every = trainer.check_val_every_n_epoch
+    if every is not None and (trainer.current_epoch + 1) % every != 0:
+        return False
+    loop = trainer.fit_loop.epoch_loop
+    last_batch = loop.batch_progress.is_last_batch
+    per = trainer.val_check_batch  # batches between validations; inf when the epoch's length is unknown
+    unsized = per == float("inf")
+    if last_batch and unsized:
+        return True
+    if trainer.should_stop and _can_stop(trainer):
+        return True  # a stop request (a target reached, early stopping) validates first
+    if per is None:  # a time-based val_check_interval: not known from outside the loop
+        return False
+    if isinstance(trainer.limit_train_batches, int) and unsized:
+        return (loop.batch_idx + 1) % trainer.limit_train_batches == 0
+    if not unsized:
+        index = loop.total_batch_idx if every is None else loop.batch_idx
+        return (index + 1) % per == 0
+    return last_batch
+
+
+def _can_stop(trainer: pl.Trainer) -> bool:
+    """Whether ``trainer.should_stop`` ends training now: ``min_epochs`` and ``min_steps`` are met."""
+    fit_loop = trainer.fit_loop
+    epochs, steps = fit_loop.min_epochs, fit_loop.min_steps
+    met_epochs = fit_loop.epoch_progress.current.processed >= epochs if epochs else True
+    met_steps = trainer.global_step >= steps if steps else True
+    return met_epochs and met_steps
