@@ -385,11 +385,12 @@ def run_lightning(argv: list[str]) -> None:
 
     from lra_cond.training.lightning_cli import LraCLI
 
-    # LightningCLI parses sys.argv, set to the expanded arguments: DDP re-executes
-    # ``python -m lra_cond`` + sys.argv[1:] for the other ranks, which must parse the same way.
-    saved, sys.argv = sys.argv, [sys.argv[0], *expand_shortcuts(argv)]
+    # Parsed from a list, sys.argv left as it is: under DDP, Lightning starts the other ranks with
+    # this process's command line (``python -m lra_cond`` + sys.argv[1:]), and each expands the same
+    # shortcuts into the same options.
+    command, *options = expand_shortcuts(argv)
     try:
-        LraCLI(prog=prog())
+        LraCLI(command, args=options, prog=f"{prog()} {command}").run()
     except Interrupted as e:
         if not e.resumable:
             raise
@@ -402,8 +403,6 @@ def run_lightning(argv: list[str]) -> None:
         raise UserError(parse_error_message(e, argv[0])) from None
     except MisconfigurationException as e:  # Lightning's own "bad option" errors
         raise UserError(" ".join(str(e).split())) from None
-    finally:
-        sys.argv = saved
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -80,7 +80,7 @@ def test_fit_help_is_short_with_the_shortcuts_and_this_command_lines_values(tmp_
 
 def test_fit_help_all_is_lightnings_list_in_plain_text_with_the_valid_names(tmp_path, monkeypatch, capfd):
     out = help_of(["fit", "--help-all"], tmp_path, monkeypatch, capfd)
-    assert out.startswith("usage: python -m lra_cond [options] fit")
+    assert out.startswith("usage: python -m lra_cond fit [-c CONFIG]")
     assert "Shortcuts: --task TASK" in out
     flat = " ".join(out.split())
     init_help = flat[flat.index("--model.init INIT init scheme name") :]

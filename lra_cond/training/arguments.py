@@ -90,6 +90,14 @@ def scaled_warmup(task_config: Path, args: list[str]) -> tuple[int, str] | None:
     return scaled, note
 
 
+def _rank_zero() -> bool:
+    """Whether this is the first process of a run: under DDP, Lightning starts the other ranks with
+    the same command line (LOCAL_RANK set), and they expand it again without a second note."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank == 0
+
+
 def expand_shortcuts(argv: list[str]) -> list[str]:
     """Turn ``fit --task T --attention A --init I ...`` into plain LightningCLI arguments."""
     from lra_cond.data.tasks import TASKS
@@ -113,7 +121,8 @@ def expand_shortcuts(argv: list[str]) -> list[str]:
             warmup = scaled_warmup(task_config, rest) if command == "fit" else None
             if warmup is not None:
                 rest += ["--model.warmup_steps", str(warmup[0])]
-                print(warmup[1], file=sys.stderr)
+                if _rank_zero():
+                    print(warmup[1], file=sys.stderr)
         tiny_batch = TASKS.get(task).tiny_batch_size
         if (
             tiny_batch

@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +56,8 @@ from lra_cond.training.arguments import SHORTCUTS, expand_shortcuts
 from lra_cond.training.module import LraModel, check_schedule
 from lra_cond.yaml_files import install_for_jsonargparse
 
-# A parse error raises (instead of printing usage and exiting) so the CLI can print it as one line.
-PARSER_KWARGS = {"exit_on_error": False, **{c: {"exit_on_error": False} for c in ("fit", "validate", "test")}}
-
 install_for_jsonargparse()  # fit's YAML: a key given twice is an error
+COMMANDS = ("fit", "validate", "test")  # the Trainer methods LraCLI runs
 # Lightning's special --ckpt_path values other than "last" name checkpoints of the running process.
 LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")
 # What seed_everything sets in the environment (for DDP ranks and dataloader workers).
@@ -101,11 +98,28 @@ class RunStart(pl.Callback):
 
 
 class LraCLI(LightningCLI):
-    def __init__(self, args: list[str] | None = None, prog: str | None = None, run: bool = True) -> None:
+    """One ``fit``, ``validate`` or ``test``, built as Lightning's own example
+    (``examples/pytorch/basics/autoencoder.py``) builds its CLI: ``LightningCLI(..., run=False)``
+    parses the command's options from a list (``args``) and builds the model, the data and the
+    trainer; ``run`` then calls ``trainer.fit`` (and ``trainer.test`` of the best checkpoint), or
+    ``trainer.validate``/``trainer.test``, with the run folder locked and checked around those calls.
+
+    The parser is the command's own: LightningCLI's options plus the Trainer method's arguments
+    (``--ckpt_path``, ...), as LightningCLI's parser of that subcommand would have them. With
+    ``run=False`` Lightning leaves ``--ckpt_path`` alone (its ``run=True`` would overwrite the command's
+    model options with the checkpoint's): ``check_config`` checks it against the command instead.
+    """
+
+    def __init__(self, command: str, args: list[str], prog: str | None = None) -> None:
+        if command not in COMMANDS:
+            raise ValueError(f"not a trainer command: {command}")
+        self.command = command
+        self._method_args: list[str] = []  # the Trainer method's options (ckpt_path, weights_only, ...)
         self._folder: run_dir.RunFolder | None = None  # the locked run folder (fit, rank zero)
         self._resume: dict[str, Any] | None = None  # the checkpoint fit resumes from
         self._note: str | None = None
         self._run_start = RunStart()
+        description = (inspect.getdoc(getattr(Trainer, command)) or "").split("\n", 1)[0]
         super().__init__(
             LraModel,
             LraDataModule,
@@ -128,23 +142,30 @@ class LraCLI(LightningCLI):
                     ReleaseFreeMemory(),
                 ],
             },
-            parser_kwargs={**PARSER_KWARGS, **({"prog": prog} if prog else {})},
+            # A parse error raises (instead of printing usage and exiting): the CLI prints it as one line.
+            parser_kwargs={
+                "exit_on_error": False,
+                "description": description,
+                **({"prog": prog} if prog else {}),
+            },
             args=args,
-            run=run,
+            run=False,
         )
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: Any, subparser_kwargs: Any) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         # Help texts come from docstrings (Lightning's are reStructuredText): plain text in --help.
-        for parser in [self.parser, *getattr(self, "_subcommand_parsers", {}).values()]:
-            parser.description = plain_text(parser.description) if parser.description else None
-            for action in parser._actions:
-                if isinstance(action.help, str):
-                    action.help = plain_text(action.help)
-            for group in parser._action_groups:
-                for attr in ("title", "description"):
-                    if isinstance(getattr(group, attr, None), str):
-                        setattr(group, attr, plain_text(getattr(group, attr)))
+        # argparse has no public list of a parser's actions and groups (its help formatter reads the
+        # same private lists), and the texts must change before the formatter wraps them.
+        parser = self.parser
+        parser.description = plain_text(parser.description) if parser.description else None
+        for action in parser._actions:
+            if isinstance(action.help, str):
+                action.help = plain_text(action.help)
+        for group in parser._action_groups:
+            for attr in ("title", "description"):
+                if isinstance(getattr(group, attr, None), str):
+                    setattr(group, attr, plain_text(getattr(group, attr)))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # On by default: --cond.every_n_steps N (0 disables), --cond.method, --cond.probe_tokens ...
@@ -170,7 +191,8 @@ class LraCLI(LightningCLI):
             help="write checkpoints/last.ckpt every N training steps (and at the end); "
             "resume an interrupted run with --ckpt_path last",
         )
-        # The valid names in the help of the options the shortcuts set (and of data.task).
+        # The valid names in the help of the options the shortcuts set (and of data.task); argparse
+        # has no public way to find an action by its dest.
         names = {
             "model.attention": ATTENTIONS.names(),
             "model.init": INITS.names(),
@@ -188,6 +210,18 @@ class LraCLI(LightningCLI):
         # One length setting: the model's position table is as long as the data's truncation
         # (None on both sides = the task's maximum).
         parser.link_arguments("data.max_len", "model.max_len")
+        # Last, the command's own arguments (Trainer.fit's ckpt_path, ...), as LightningCLI's parser of
+        # that subcommand adds them (the model and the data are LightningCLI's).
+        skip = set(self.subcommands()[self.command])
+        self._method_args = parser.add_method_arguments(Trainer, self.command, skip=skip)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parses ``args`` (the command's options, shortcuts expanded), then checks them before anything
+        is built. Not through LightningCLI's version: it warns whenever ``args`` is given while
+        ``sys.argv`` holds arguments, which a ``python -m lra_cond fit ...`` always has (the same
+        command, before its shortcuts were expanded)."""
+        self.config = parser.parse_args(args)
+        self.check_config(self.command, self.config)
 
     # --- checks on the parsed config, before anything is built -------------------------------------
 
@@ -203,24 +237,23 @@ class LraCLI(LightningCLI):
             name=cfg.run_name,
         )
 
-    def resolved_config_text(self, subcommand: str = "fit") -> str:
+    def resolved_config_text(self) -> str:
         """The resolved config as ``config.yaml`` holds it (``compare`` compares run folders with it)."""
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return self._parser(subcommand).dump(self.config[subcommand], skip_none=False)
+            return self.parser.dump(self.config, skip_none=False)
 
-    def option_defaults(self, subcommand: str = "fit") -> dict[str, Any]:
+    def option_defaults(self) -> dict[str, Any]:
         """Every option's default, in config.yaml's form (for runs saved before an option existed)."""
-        return _defaults(self._parser(subcommand))
+        import warnings
 
-    def _parse_ckpt_path(self) -> None:
-        """Replaces Lightning's version, which overwrote the command's model options with the
-        checkpoint's: check the options, then that ``--ckpt_path`` matches the command."""
-        subcommand = self.config.get("subcommand")
-        if subcommand:
-            self.check_config(subcommand, self.config[subcommand])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return yaml.safe_load(
+                self.parser.dump(self.parser.get_defaults(), skip_none=False, skip_validation=True)
+            )
 
     def check_config(self, subcommand: str, cfg: Any) -> None:
         """Every option's range, then ``--ckpt_path`` against the command (before anything is built).
@@ -306,8 +339,8 @@ class LraCLI(LightningCLI):
     # --- the trainer --------------------------------------------------------------------------------
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        cfg = self.config[self.subcommand]
-        if self.subcommand == "fit":
+        cfg = self.config
+        if self.command == "fit":
             # One folder per run: runs/<task>/<attention>/<init>/seed<k>/ (TensorBoard overlays inits).
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=cfg.run_root,
@@ -343,7 +376,7 @@ class LraCLI(LightningCLI):
 
     def _progress_bar(self, cfg: Any) -> list[pl.Callback]:
         """The step bar (lra_cond.callbacks.progress), unless bars are off or the command brings one."""
-        theirs = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+        theirs = self.config_init.get("trainer", {}).get("callbacks") or []
         theirs = theirs if isinstance(theirs, list) else [theirs]
         if cfg.trainer.enable_progress_bar is False or any(isinstance(c, ProgressBar) for c in theirs):
             return []
@@ -357,14 +390,14 @@ class LraCLI(LightningCLI):
             return  # fast_dev_run writes no run folder; rank zero alone decides and writes
         # The data first (checked, or generated when missing), as fit itself would: a data error is
         # reported before the run folder is looked at. Lightning's own call then finds it loaded.
-        gap = validation_gap(self.config["fit"].trainer)
+        gap = validation_gap(self.config.trainer)
         if gap:
             Console(stderr=True, soft_wrap=True).print(
                 f"[yellow]warning:[/] no validation will run ({gap}): no best checkpoint and no "
                 "steps-to-target; the final weights are tested (lower --trainer.val_check_interval)"
             )
         self.datamodule.prepare_data()
-        folder = run_dir.RunFolder(self.run_path(self.config["fit"]))
+        folder = run_dir.RunFolder(self.run_path(self.config))
         folder.lock()
         self._folder = folder
         try:
@@ -460,9 +493,18 @@ class LraCLI(LightningCLI):
         if folder is not None:
             folder.unlock(discard_new_files=failed and not folder.training_started())
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run(self) -> None:
+        """The command: ``trainer.fit`` inside the run folder's lock, then ``trainer.test`` of the best
+        checkpoint (``after_fit``); or ``trainer.validate``/``trainer.test`` of ``--ckpt_path``."""
+        # The Trainer method's options as parsed (ckpt_path, weights_only; verbose for validate/test).
+        options = {key: self.config_init[key] for key in self._method_args}
         try:
-            super()._run_subcommand(subcommand)
+            if self.command == "fit":
+                self.before_fit()
+                self.trainer.fit(self.model, datamodule=self.datamodule, **options)
+                self.after_fit()
+            else:
+                getattr(self.trainer, self.command)(self.model, datamodule=self.datamodule, **options)
         except BaseException as e:
             self._release(failed=True)
             # Lightning turns a KeyboardInterrupt into a graceful shutdown and sys.exit(1).
@@ -477,7 +519,7 @@ class LraCLI(LightningCLI):
         resume = next((c for c in trainer.callbacks if isinstance(c, ResumeCheckpoint)), None)
         what = (resume.signal_name if resume is not None else "") or "Ctrl-C"
         status = Interrupted.SIGTERM_STATUS if what == "SIGTERM" else Interrupted.EXIT_STATUS
-        if self.subcommand != "fit":
+        if self.command != "fit":
             return Interrupted(f"interrupted ({what})", status=status)
         if resume is None or not resume.dirpath:
             return Interrupted(f"interrupted ({what}) at training step {trainer.global_step}", status=status)
@@ -521,23 +563,18 @@ class LraCLI(LightningCLI):
 
 
 class ParseOnly(LraCLI):
-    """Parses and checks a command line as ``fit``/``validate``/``test`` would, and builds nothing.
+    """Parses and checks a command line as ``fit``/``validate``/``test`` would, and builds nothing:
+    ``config`` and ``resolved_config_text`` are what the command would resolve. ``instantiate_classes``
+    builds nothing; the global RNG and the seed are left alone."""
 
-    Through LightningCLI's public API: ``run=False`` parses one command's options (no subcommand);
-    its parser gets the command's Trainer-method arguments (``ckpt_path``), as LightningCLI's parser
-    of that subcommand has, so ``config`` and ``resolved_config_text`` are what the command would
-    resolve. ``instantiate_classes`` builds nothing; the global RNG and the seed are left alone.
-    """
-
-    def __init__(self, command: str, args: list[str] | None = None, prog: str | None = None) -> None:
-        self.command = command
+    def __init__(self, command: str, args: list[str], prog: str | None = None) -> None:
         saved_env = {k: os.environ.get(k) for k in SEED_ENV}
         seed_log = logging.getLogger("lightning.fabric.utilities.seed")  # its "Seed set to N" line
         level = seed_log.level
         seed_log.setLevel(logging.WARNING)
         try:
             with isolate_rng():  # LightningCLI seeds the global RNG after parsing
-                super().__init__(args=args, prog=prog, run=False)
+                super().__init__(command, args=args, prog=prog)
         finally:
             seed_log.setLevel(level)
             for key, value in saved_env.items():
@@ -546,36 +583,13 @@ class ParseOnly(LraCLI):
                 else:
                     os.environ[key] = value
 
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        super().add_arguments_to_parser(parser)
-        parser.add_method_arguments(Trainer, self.command, skip=set(self.subcommands()[self.command]))
-
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
-        self.check_config(self.command, self.config)
         self._parsed_seed = self.config["seed_everything"]
 
     def instantiate_classes(self) -> None:
         # The seed as parsed (``true`` stays true: LightningCLI drew a random one for the run it skips).
         self.config["seed_everything"] = self._parsed_seed
-
-    def resolved_config_text(self, subcommand: str = "fit") -> str:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return self.parser.dump(self.config, skip_none=False)
-
-    def option_defaults(self, subcommand: str = "fit") -> dict[str, Any]:
-        return _defaults(self.parser)
-
-
-def _defaults(parser: LightningArgumentParser) -> dict[str, Any]:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return yaml.safe_load(parser.dump(parser.get_defaults(), skip_none=False, skip_validation=True))
 
 
 def parse_only(argv: list[str], errors_for: str | None = None) -> ParseOnly:
@@ -584,11 +598,7 @@ def parse_only(argv: list[str], errors_for: str | None = None) -> ParseOnly:
     from jsonargparse import ArgumentError
 
     command, *options = expand_shortcuts(argv)
-    # Through sys.argv, as run_lightning does (LightningCLI warns when args and sys.argv both hold some).
-    saved, sys.argv = sys.argv, [sys.argv[0], *options]
     try:
-        return ParseOnly(command, prog=prog())
+        return ParseOnly(command, args=options, prog=f"{prog()} {command}")
     except ArgumentError as e:
         raise UserError(parse_error_message(e, errors_for or argv[0])) from None
-    finally:
-        sys.argv = saved
