@@ -4,6 +4,7 @@ families' symmetry generators and the condition-number probe)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -227,18 +228,21 @@ def span_union(
     return basis, added
 
 
-def spectrum_cut(s: torch.Tensor, rtol: float) -> tuple[float, float, int]:
-    """(sigma_max, smallest value above rtol * sigma_max, how many are at or below it) of singular
-    values ``s`` in any order: the null cut the dense reference uses."""
+class Cut(NamedTuple):
+    """A spectrum cut at rtol * sigma_max (``spectrum_cut``)."""
+
+    sigma_max: float
+    sigma_min: float  # the smallest value above the cut
+    n_null: int  # how many values are at or below it
+    largest_excluded: float  # the largest of those (0 if none)
+
+
+def spectrum_cut(s: torch.Tensor, rtol: float) -> Cut:
+    """The null cut the dense reference uses, of singular values ``s`` in any order."""
     s = torch.sort(s, descending=True).values
-    kept = s[s > rtol * s[0]]
-    return float(s[0]), float(kept[-1]), int(s.numel() - kept.numel())
-
-
-def largest_excluded(s: torch.Tensor, rtol: float) -> float:
-    """The largest of singular values ``s`` at or below the cut rtol * sigma_max (0 if none)."""
-    out = s[s <= rtol * s.max()]
-    return float(out.max()) if out.numel() else 0.0
+    n_kept = int((s > rtol * s[0]).sum())
+    excluded = float(s[n_kept]) if n_kept < s.numel() else 0.0
+    return Cut(float(s[0]), float(s[n_kept - 1]), int(s.numel() - n_kept), excluded)
 
 
 def matrix_condition(m: torch.Tensor) -> float:

@@ -17,7 +17,7 @@ from lra_cond.conditioning.deflation import DeflatedRows, complement, materialis
 from lra_cond.conditioning.lanczos import top_eigenpair
 from lra_cond.conditioning.preconditioner import Preconditioner
 from lra_cond.conditioning.triangular import Bordered, BorderedGram, Upper
-from lra_cond.linalg import gram, largest_excluded, matvec, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import gram, matvec, orthonormal_basis, spectrum_cut, svdvals
 
 EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
@@ -407,11 +407,10 @@ def solve(
     if not converged:
         notes.append("Lanczos did not converge to 1e-10")
     if smin <= rtol * smax:  # a null direction the verified groups miss: exact values, counted
-        s = svdvals(factor.dense())
-        smax, smin, extra = spectrum_cut(s, rtol)
+        smax, smin, extra, excluded = spectrum_cut(svdvals(factor.dense()), rtol)
         notes.append(
             f"{extra} singular value(s) <= rtol * sigma_max beyond the {verified} verified null "
             "directions: taken from svdvals"
         )
-        return Extremes(smax, smin, verified + extra, extra, "svdvals", notes, largest_excluded(s, rtol))
+        return Extremes(smax, smin, verified + extra, extra, "svdvals", notes, excluded)
     return Extremes(smax, smin, verified, 0, factor.route, notes)

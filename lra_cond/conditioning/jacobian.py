@@ -50,7 +50,7 @@ from lra_cond.conditioning.spectrum import NullGroup, ScopeNull, head_spectra
 from lra_cond.conditioning.weight_kappa import weight_conditions
 from lra_cond.conditioning.whole_head import GaugePart
 from lra_cond.errors import UserError
-from lra_cond.linalg import RANK_RTOL, largest_excluded, normal_draws, span_union, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, normal_draws, span_union, spectrum_cut, svdvals
 from lra_cond.models.attention.base import Attention
 
 METHODS = ("gram", "qr", "dense")
@@ -88,11 +88,7 @@ class SpectrumSummary:
 
     @property
     def separation(self) -> float | None:
-        """Decades between sigma_min and ``null_gain``: how clearly the cut separates the kept
-        spectrum from what it excluded (None when nothing was excluded)."""
-        if self.sigma_min is None or self.null_gain <= 0:
-            return None
-        return math.log10(self.sigma_min / self.null_gain)
+        return separation(self.sigma_min, self.null_gain)
 
 
 @dataclass
@@ -113,11 +109,22 @@ class JacobianCondition:
     per_block: dict[str, SpectrumSummary] = field(default_factory=dict)  # "q", "k", "v" alone
     weights: dict[str, dict] = field(default_factory=dict)  # kappa(W_b) stacked and per head
     null_gain: float = 0.0  # ``SpectrumSummary.null_gain`` of the whole head's scope
-    cut_separation: float | None = None  # ``SpectrumSummary.separation`` of it (decades)
     kappa_x: float | None = None  # kappa of the probe input the projections read ([X, 1] with biases)
     n_null_x: int = 0  # its null directions excluded from kappa_x (1 after a LayerNorm, any bias)
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def cut_separation(self) -> float | None:
+        return separation(self.sigma_min, self.null_gain)
+
+
+def separation(sigma_min: float | None, null_gain: float) -> float | None:
+    """Decades between sigma_min and the largest value the cut excluded (``null_gain``): how clearly
+    the cut separates the kept spectrum from what it excluded (None when nothing was excluded)."""
+    if sigma_min is None or null_gain <= 0:
+        return None
+    return math.log10(sigma_min / null_gain)
 
 
 def cut_separated(separation: float | None) -> bool:
@@ -130,7 +137,7 @@ def input_condition(x: torch.Tensor, rtol: float) -> tuple[float, int]:
     """kappa of the real input rows over their non-null spectrum, and how many values were null."""
     s = svdvals(x)
     s = torch.cat([s, s.new_zeros(x.shape[1] - s.numel())])
-    smax, smin, n_null = spectrum_cut(s, max(rtol, RANK_RTOL))
+    smax, smin, n_null, _ = spectrum_cut(s, max(rtol, RANK_RTOL))
     return smax / smin, n_null
 
 
@@ -324,9 +331,8 @@ def _dense_summary(
 ) -> SpectrumSummary:
     """The scope's every singular value by svdvals of each head's columns, cut at rtol (the
     ``dense`` method's definition)."""
-    s = torch.cat([svdvals(j.columns(sb)) for j in jacs])
-    smax, smin, n_null = spectrum_cut(s, rtol)
-    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, largest_excluded(s, rtol))
+    smax, smin, n_null, excluded = spectrum_cut(torch.cat([svdvals(j.columns(sb)) for j in jacs]), rtol)
+    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, excluded)
 
 
 def _scope_nulls(
@@ -493,7 +499,7 @@ def jacobian_condition(
             result.sigma_min = summary.sigma_min
             result.n_null, result.n_null_expected = summary.n_null, summary.n_null_expected
             result.null_groups = group_ranks
-            result.null_gain, result.cut_separation = summary.null_gain, summary.separation
+            result.null_gain = summary.null_gain
         else:
             result.per_block[scope] = summary
     return result

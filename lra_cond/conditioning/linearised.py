@@ -20,7 +20,7 @@ from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 from lra_cond.conditioning.families import FamilyJacobian, family_jacobian
-from lra_cond.conditioning.families.base import BLOCKS, HeadInputs
+from lra_cond.conditioning.families.base import BLOCKS, HeadInputs, family_jacobian_class
 from lra_cond.conditioning.head_jacobian import HeadJacobian
 from lra_cond.errors import UserError
 from lra_cond.models.attention.base import Attention
@@ -177,7 +177,7 @@ def jacobian_copy(layer: Attention) -> Attention:
         setattr(out, name, new)
     for p in out.parameters():
         p.requires_grad_(False)
-    for option, value in family_jacobian(out).measured_at.items():
+    for option, value in family_jacobian_class(out).measured_at.items():
         setattr(out, option, value)
     return out
 

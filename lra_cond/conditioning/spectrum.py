@@ -93,7 +93,7 @@ from lra_cond.conditioning.preconditioner import (
     whitened,
 )
 from lra_cond.conditioning.whole_head import GaugePart, Head
-from lra_cond.linalg import gram, largest_excluded, normal_draws, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import gram, normal_draws, orthonormal_basis, spectrum_cut, svdvals
 
 
 @dataclass
@@ -150,13 +150,10 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
 def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
     """Y (x) I_d: every singular value of Y, d times (exact)."""
     s = svdvals(y)
-    s = torch.cat([s, s.new_zeros(y.shape[1] - s.numel())])
-    smax, smin, n_null = spectrum_cut(s, rtol)
+    smax, smin, n_null, excluded = spectrum_cut(torch.cat([s, s.new_zeros(y.shape[1] - s.numel())]), rtol)
     extra = d * n_null - verified
     notes = [f"{extra} value-block null value(s) beyond the verified ones"] if extra > 0 else []
-    return Extremes(
-        smax, smin, max(verified, d * n_null), max(extra, 0), "kron", notes, largest_excluded(s, rtol)
-    )
+    return Extremes(smax, smin, max(verified, d * n_null), max(extra, 0), "kron", notes, excluded)
 
 
 def _value_rotation(

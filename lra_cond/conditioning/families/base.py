@@ -115,9 +115,14 @@ class FamilyJacobian:
         return {}
 
 
+def family_jacobian_class(layer: Attention) -> type[FamilyJacobian]:
+    """The class registered under the layer's family name (the base one if none)."""
+    return FAMILY_JACOBIANS.get(layer.name, FamilyJacobian)
+
+
 def family_jacobian(layer: Attention) -> FamilyJacobian:
-    """The Jacobian knowledge registered under the layer's family name (the base one if none)."""
-    return FAMILY_JACOBIANS.get(layer.name, FamilyJacobian)(layer)
+    """What the layer's family knows of its Jacobian, for one probe of this layer."""
+    return family_jacobian_class(layer)(layer)
 
 
 # ---------------------------------------------------------------- Jacobian blocks (L, d, d, D')
