@@ -94,18 +94,16 @@ def check_trainer_args(trainer: Any, fit: bool) -> None:
         raise UserError(f"trainer.max_epochs must be positive (or -1 for no epoch limit), got {epochs}")
     interval = trainer.get("val_check_interval")
     if interval is not None:
+        wanted = (
+            "trainer.val_check_interval must be a whole number of steps >= 1 or a fraction of an epoch "
+            "in (0, 1]"
+        )
         if isinstance(interval, bool) or not isinstance(interval, (int, float)):
             # A time-based cadence ("00:01:00", {"minutes": 1}): a resumed run could not repeat it,
             # and ResumeCheckpoint could not tell which steps validate.
-            raise UserError(
-                f"trainer.val_check_interval must be a whole number of steps >= 1 or a fraction of an "
-                f"epoch in (0, 1], got {interval} (a time-based cadence is not supported)"
-            )
+            raise UserError(f"{wanted}, got {interval} (a time-based cadence is not supported)")
         if isinstance(interval, float) and not 0.0 < interval <= 1.0:
-            raise UserError(
-                f"trainer.val_check_interval must be a whole number of steps >= 1 or a fraction of an "
-                f"epoch in (0, 1], got {interval}"
-            )
+            raise UserError(f"{wanted}, got {interval}")
         if not isinstance(interval, float) and interval < 1:
             raise UserError(
                 f"trainer.val_check_interval must be >= 1 (steps between validations), got {interval}"
