@@ -123,19 +123,9 @@ def block_alone(
     return f.cache["alone"]
 
 
-def share_alone(f: Factored, v: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> None:
-    """Keep for block f's own scope its Gram alone ``g`` on ``v`` whitened by ``w`` (``block_alone``'s
-    coordinates), formed by a whole head without the block's own factors: a congruence, whose
-    rounding along sigma_min can reach the check's tolerance (measured at the reference shape, the
-    check's error 2.4e-7 at kappa 2.0e6, where the Gram from the factors was off by 1.1e-9), so its
-    scope refines sigma_min on the exact J (``factored_scope``: ~20 ms a scope there)."""
-    f.cache["alone"] = (v, w, None, g)
-    f.cache["alone_shared"] = g
-
-
 def release_whole_head_parts(f: Factored) -> None:
     """Drop from the cache of a block whose Gram alone its whole head formed or shared
-    (``block_alone``, ``share_alone``) what only that head reads, once it no longer does (before the
+    (``block_alone``) what only that head reads, once it no longer does (before the
     head's solve): the correction's products (E^T B, V) and the preconditioned factors of the
     block alone. The Gram alone, its input side and the output side
     stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
@@ -152,16 +142,15 @@ def release_whole_head_parts(f: Factored) -> None:
 
 def factored_scope(
     f: Factored, null: torch.Tensor, d: int, dim: int, x: torch.Tensor
-) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None, bool]:
+) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
     """A single block given as factors: its exact rows (an operator), Kronecker preconditioner and
-    preconditioned Gram formed from the factors (``factored``), the null directions left to
-    regularise, and whether sigma_min must come from the exact J (the Gram is a whole head's
-    congruence, ``share_alone``). When every null direction is input-side (u w^T: the par
+    preconditioned Gram formed from the factors (``factored``) and the null directions left to
+    regularise. When every null direction is input-side (u w^T: the par
     coordinates entirely null) they are deflated by rotating the input side (None left); otherwise
     the whole block is kept (``factored_kept``) and all of them are returned (an orthonormal basis)."""
     v_perp, v_par, k = input_rotation(null, d, dim)
     if k != d * v_par.shape[1]:
-        return (*factored_kept([f], None, d, x), orthonormal_basis(null), False)
+        return (*factored_kept([f], None, d, x), orthonormal_basis(null))
     # the par input coordinates carry null directions only (J vanishes there), so the output side
     # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
     # its input side rotated and whitened, may have been formed for the whole head (``block_alone``)
@@ -172,7 +161,7 @@ def factored_scope(
     t = Preconditioner()
     t.add_kron(factored.output_side(f), w)
     on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
-    return [DeflatedRows([f], None, d, on_perp)], t, g, None, f.cache.get("alone_shared") is g
+    return [DeflatedRows([f], None, d, on_perp)], t, g, None
 
 
 def _same_span(v: torch.Tensor, v_par: torch.Tensor) -> bool:

@@ -467,7 +467,6 @@ def jacobian_condition(
                         rtol,
                         method,
                         jacs[h].factors,
-                        alone_later=tuple(b for b in scopes if b != "all") if scope == "all" else (),
                     )
                 )
         del nulls

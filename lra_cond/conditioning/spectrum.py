@@ -185,16 +185,13 @@ def head_spectra(
     rtol: float,
     method: str = "gram",
     factors: dict[str, Factored] | None = None,
-    alone_later: tuple[str, ...] = (),
 ) -> dict[str, Extremes]:
     """Extremes of every scope in ``nulls`` ("all", or a single block) of one head: each scope's
     columns are its ``ScopeNull.blocks`` of ``jac`` (blocks laid out in ``blocks`` order), then its
     ``dense`` columns. ``factors``: blocks the family gave in factored form (single-block scopes
     use them). Blocks' rows rotated for the value elimination are shared by the scopes given
     (``jacobian_condition`` gives one at a time: each scope's reduced columns go before the next
-    scope's are built); the rotation itself is formed once per head (``_value_rotation``).
-    ``alone_later``: the blocks whose own scopes this head is asked next (the whole head then shares
-    their Grams alone, ``whole_head._closed_grams``)."""
+    scope's are built); the rotation itself is formed once per head (``_value_rotation``)."""
     factors = factors or {}
     size = d * dim
     y, u, s_y, r_y = _value_rotation(jac, blocks, d, rtol)
@@ -239,8 +236,7 @@ def head_spectra(
                 part = None  # a gauge-form group's columns among null_a ([Q | K] blocks only)
                 if null.gauge_part is not None and a_blocks == ["q", "k"]:
                     part = (null.gauge_part[0], null.gauge_part[1][~v_part])
-                later = tuple(b in alone_later for b in a_blocks)
-                problem = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method, later)
+                problem = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
                 out[scope] = whole_head.factored_head(problem, closed, part)
                 continue
             (main, coupling), t = deflate_columns(
@@ -250,12 +246,8 @@ def head_spectra(
             out[scope] = extremes.solve([main], t, value, verified, rtol, method)
             continue
         if scope in factors and sb == [scope] and not extra:  # one factored block
-            exact, t, g, left_null, refine = factored_scopes.factored_scope(
-                factors[scope], basis, d, dim, x_real
-            )
-            out[scope] = extremes.solve(
-                exact, t, None, verified, rtol, method, g=g, null=left_null, refine=refine
-            )
+            exact, t, g, left_null = factored_scopes.factored_scope(factors[scope], basis, d, dim, x_real)
+            out[scope] = extremes.solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
             continue
         raw = [jac.block(b) for b in sb] + extra
         if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept

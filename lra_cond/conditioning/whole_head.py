@@ -29,7 +29,6 @@ from lra_cond.conditioning.factored_scopes import (
     block_grams,
     kept_coordinates,
     release_whole_head_parts,
-    share_alone,
 )
 from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
@@ -44,8 +43,7 @@ GaugePart = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 class Head(NamedTuple):
     """One head's whole-head problem once the value block is eliminated: the blocks' factors (all
     but V's), the token rotation [Q_Y | Q_perp] with Y's rank and singular values, the null
-    directions outside V, the probe input, the verified null count, the cut and the method, and
-    per block whether its own scope follows (its Gram alone is then shared with it)."""
+    directions outside V, the probe input, the verified null count, the cut and the method."""
 
     fs: list[Factored]
     u: torch.Tensor
@@ -56,7 +54,6 @@ class Head(NamedTuple):
     verified: int
     rtol: float
     method: str
-    alone_later: tuple[bool, ...]
 
 
 def factored_head(
@@ -139,7 +136,7 @@ def _deflated_schur(
     else:
         comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
         top_c = closed.scale(factored.rows_rotated(comp_f, u[:, :r_y]))
-        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x, head.alone_later)
+        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x)
         g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
         g_cc = closed.gram(g[n_perp:, n_perp:])
     h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
@@ -317,7 +314,6 @@ def _closed_grams(
     w_perps: list[torch.Tensor | None],
     pieces: list[Factored],
     x: torch.Tensor,
-    alone_later: tuple[bool, ...],
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's factor, a
     piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). When Q has a low-rank correction
@@ -327,9 +323,7 @@ def _closed_grams(
     against K's perp piece is Q's side of such a congruence of Q's coordinates alone against it, that
     product formed once (no correction products of Q's pieces). K's perp piece with itself comes from the
     factors (a quarter of K's Gram alone: 4 against 17 GFLOP a head at the reference shape), as does every
-    pair without a correction (T d^2 p^2: cheaper than the congruence). When K's own scope follows
-    (``alone_later``), its Gram alone is a congruence of this one (``_k_alone``), never formed from K's
-    factors."""
+    pair without a correction (T d^2 p^2: cheaper than the congruence)."""
     d = closed.d
     alone = None  # Q's Gram alone, when Q has a correction
     if fs[0].low_rank is not None:
@@ -370,56 +364,7 @@ def _closed_grams(
                 g[rows, cols] = factored.cross_gram(pi, pieces[j])
             if j != i:
                 g[cols, rows] = g[rows, cols].T
-    if len(fs) > 1 and fs[1].low_rank is not None and alone_later[1]:
-        perp = owner.index(1) if 1 in owner[:-1] else None
-        blocks = [slice(offsets[i], offsets[i + 1]) for i in (len(pieces) - 1, perp) if i is not None]
-        share_alone(fs[1], *_k_alone(g, blocks, closed, fs, w_perps[1], x))
     return g
-
-
-def _k_alone(
-    g: torch.Tensor,
-    blocks: list[slice],
-    closed: gauge.GaugeComplement,
-    fs: list[Factored],
-    w_perp: torch.Tensor | None,
-    x: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """K's Gram alone on its inputs v = [rows_K | perp_K] in ``block_alone``'s coordinates
-    (L_K (x) v W, X v W whitened), as (v, W, Gram), from the head's Gram ``g`` of its pieces (``blocks``:
-    the complement's factor's rows, then K's perp piece's, if any): nothing from K's factors.
-
-    The gauge is null, so K on its gauge inputs moves J as Q does (``gauge.GaugeComplement.factor``):
-    J_K(u^Q_i (x) vh^K_j) = (s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i), the complement factor's column (j, i),
-    and s^Q_i / s^K_j = beta_ij / alpha_ij. So K's rows coordinates (L_K e_b (x) vh^K_j) are those columns
-    mapped by N = U_Q^T L_K on i, and K's perp ones are its perp piece's: K's Gram alone is a congruence
-    of the head's (~1 GFLOP at the reference shape, where its rank-m d correction from K's factors costs
-    ~17). Its rounding, carried over from Q's coordinates, is larger than the formed Gram's: measured at
-    the reference shape, the check's error along sigma_min 8e-11 to 3e-7 against 3e-11 to 1e-9 (kappa
-    1.2e5 to 2.2e6): K's own scope refines sigma_min on the exact J (``factored_scopes.share_alone``)."""
-    d = closed.d
-    n_map = closed.u[0].T @ factored.output_side(fs[1])  # [i, b]
-    ratio = (closed.beta / closed.alpha).T  # [j, i]
-
-    def k_rows(a: torch.Tensor) -> torch.Tensor:  # columns (j, i) of the factor -> K's rows (b, j)
-        return ((a.reshape(-1, d, d) * ratio) @ n_map).transpose(1, 2).reshape(a.shape[0], d * d)
-
-    comp, *perp = blocks
-    rows, perp_in = closed.rows[1], closed.perp[1]
-    v, p, q = torch.cat([rows, perp_in], 1), d + perp_in.shape[1], perp_in.shape[1]
-    # the Gram below is on [rows_K | perp_K W_perp] (the perp piece's inputs), whitened by M: K's inputs
-    # alone are v W with W = diag(I, W_perp) M (M whitens X [rows_K | perp_K W_perp]: no W_perp^-1)
-    m = input_whitening(x @ (v if w_perp is None else torch.cat([rows, perp_in @ w_perp], 1)))
-    w = m if w_perp is None else torch.cat([m[:d], w_perp @ m[d:]])
-    a = g.new_empty(d, p, d, p)
-    a[:, :d, :, :d] = k_rows(k_rows(g[comp, comp]).T).reshape(d, d, d, d)
-    if perp:
-        across = k_rows(g[comp, perp[0]].T).T  # (b, j) x (b', c)
-        a[:, :d, :, d:] = across.reshape(d, d, d, q)
-        a[:, d:, :, :d] = across.T.reshape(d, q, d, d)
-        a[:, d:, :, d:] = g[perp[0], perp[0]].reshape(d, q, d, q)
-    a = a.view(d * p, d * p)
-    return v, w, kron_right(kron_left(a, None, m, d), None, m, d)
 
 
 def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
