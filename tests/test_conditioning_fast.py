@@ -11,18 +11,10 @@ import pytest
 import torch
 
 from lra_cond import linalg
-from lra_cond.conditioning import (
-    deflation,
-    extremes,
-    factored_scopes,
-    jacobian_condition,
-    spectrum,
-    whole_head,
-)
-from lra_cond.conditioning.lanczos import top_eigenpair
+from lra_cond.conditioning import coordinates, extremes, factored, jacobian_condition, nullspace, routes
+from lra_cond.conditioning.coordinates import Preconditioner
+from lra_cond.conditioning.extremes import Bordered, BorderedGram, top_eigenpair
 from lra_cond.conditioning.linearised import linearise
-from lra_cond.conditioning.preconditioner import Preconditioner
-from lra_cond.conditioning.triangular import Bordered, BorderedGram
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
 
@@ -100,14 +92,14 @@ def test_nystrom_takes_its_factors_only_where_its_landmarks_are_few() -> None:
 
     torch.manual_seed(5)
     layer = build_attention("nystrom", 8, 2, num_landmarks=4)
-    for x, factored in (
+    for x, is_factored in (
         (layer_norm(torch.randn(1, 40, 8, dtype=torch.float64)), True),
         (layer_norm(torch.randn(4, 8, 8, dtype=torch.float64)), True),
         (layer_norm(torch.randn(6, 5, 8, dtype=torch.float64)), False),
     ):
         probe = linearise(layer, x, None, "qkv")
         factors = probe.head_jacobian_operator(0).factors
-        assert set(factors) == ({"q", "k"} if factored else set())
+        assert set(factors) == ({"q", "k"} if is_factored else set())
         assert all(isinstance(f.low_rank[0], TokenMixing) for f in factors.values())
         fast, dense = jacobian_condition(layer, x), jacobian_condition(layer, x, method="dense")
         assert fast.n_null == fast.n_null_expected == dense.n_null
@@ -189,16 +181,16 @@ def test_whole_head_from_factors_equals_the_dense_rows(monkeypatch: pytest.Monke
     x, mask = padded_input(5, 2, 30, 8)
     x = layer_norm(x) + 0.3 * torch.randn(8, dtype=torch.float64)  # a LayerNorm bias: key shift too
     taken = []
-    real_head = whole_head.factored_head
+    real_head = routes.factored_head
 
     def spy(*args):  # noqa: ANN002, ANN202
         taken.append(True)
         return real_head(*args)
 
-    monkeypatch.setattr(whole_head, "factored_head", spy)
+    monkeypatch.setattr(routes, "factored_head", spy)
     fast = jacobian_condition(layer, x, mask, per_block=False)
     assert taken == [True, True]
-    real_spectra = spectrum.head_spectra
+    real_spectra = routes.head_spectra
     monkeypatch.setattr(jacobian_module, "head_spectra", lambda *a, **k: real_spectra(*a[:-1], None, **k))
     rows = jacobian_condition(layer, x, mask, per_block=False)
     dense = jacobian_condition(layer, x, mask, method="dense", per_block=False)
@@ -226,7 +218,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
     x, mask = padded_input(9, 2, 30, dim)
     x = layer_norm(x) + 0.2 * torch.randn(dim, dtype=torch.float64)
     taken = []
-    real_kept = factored_scopes.factored_kept
+    real_kept = coordinates.factored_kept
 
     def spy(fs, columns, *args):  # noqa: ANN001, ANN002, ANN202
         taken.append((len(fs), columns is not None))
@@ -240,10 +232,10 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
         torch.testing.assert_close(g, pre.T @ pre, rtol=1e-10, atol=1e-10 * float(g.abs().max()))
         return rows, t, g
 
-    monkeypatch.setattr(factored_scopes, "factored_kept", spy)
+    monkeypatch.setattr(coordinates, "factored_kept", spy)
     fast = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     assert taken == [(factored_blocks, family == "linear")] * heads  # linear: Q, next to K/V columns
-    real_spectra = spectrum.head_spectra
+    real_spectra = routes.head_spectra
     monkeypatch.setattr(jacobian_module, "head_spectra", lambda *a, **k: real_spectra(*a[:-1], None, **k))
     rows = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     dense = jacobian_condition(layer, x, mask, blocks=blocks, method="dense", per_block=False)
@@ -255,7 +247,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
 
 def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Cholesky factor the spectrum routine forms gets random upper-triangular noise of 1e-4
-    of its smallest pivot (a bordered one, ``triangular.Bordered``, in both of its formed blocks)."""
+    of its smallest pivot (a bordered one, ``extremes.Bordered``, in both of its formed blocks)."""
     real = extremes._triangular
     gen = torch.Generator().manual_seed(0)
 
@@ -375,7 +367,7 @@ def test_a_factored_head_applies_its_exact_rows_as_one_operator(
         basis = torch.eye(f.n, dtype=torch.float64)
         if f.null is not None:
             assert family == "normalized" and not bool(f.null[: f.n_v].any())
-            comp = deflation.complement(*torch.geqrf(f.null[f.n_v :]))
+            comp = coordinates.complement(*torch.geqrf(f.null[f.n_v :]))
             basis = torch.block_diag(basis[: f.n_v, : f.n_v], comp)
             torch.testing.assert_close(basis.T @ basis, torch.eye(basis.shape[1], dtype=torch.float64))
             assert float((f.null.T @ basis).abs().max()) < 1e-12
@@ -455,13 +447,12 @@ def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: py
     correction's products and the preconditioned factors of Q alone (~100 MB a block at the
     reference shape) and keep its Gram alone: Q's own scope then forms none of them again (K's,
     whose Gram alone the head never formed, forms its own), and their values equal dense."""
-    from lra_cond.conditioning import factored
 
     torch.manual_seed(5)
     layer = build_attention("nystrom", 8, 2, num_landmarks=6)
     x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
     released, formed, own_scope = [], [], [False]
-    real_release, real_scope = whole_head.release_whole_head_parts, factored_scopes.factored_scope
+    real_release, real_scope = routes.release_whole_head_parts, coordinates.factored_scope
 
     def release(f):  # noqa: ANN001, ANN202
         real_release(f)
@@ -484,8 +475,8 @@ def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: py
 
         return spy
 
-    monkeypatch.setattr(whole_head, "release_whole_head_parts", release)
-    monkeypatch.setattr(factored_scopes, "factored_scope", scope)
+    monkeypatch.setattr(routes, "release_whole_head_parts", release)
+    monkeypatch.setattr(coordinates, "factored_scope", scope)
     for name in ("preconditioned", "cross_gram", "_mix_t_base"):
         monkeypatch.setattr(factored, name, counted(name))
     fast = jacobian_condition(layer, x)
@@ -505,13 +496,12 @@ def test_a_gauge_regulariser_in_closed_form_is_the_projector_onto_the_null_space
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Normalized attention's whole head, when it keeps every coordinate (its metric's floor made
-    to fail here: ``gauge.OrthogonalGaugeComplement``), regularises its rotations
+    to fail here: ``coordinates.OrthogonalGaugeComplement``), regularises its rotations
     (M W_Q, -M^T W_K), M antisymmetric, in closed form: with the other null directions' basis,
     beta times the orthogonal projector onto T^T N, the same matrix as from an orthonormal basis
     of all of T^T N."""
-    from lra_cond.conditioning import gauge
 
-    monkeypatch.setattr(gauge, "METRIC_FLOOR", 1.0)
+    monkeypatch.setattr(coordinates, "METRIC_FLOOR", 1.0)
     torch.manual_seed(6)
     layer = build_attention("normalized", 12, 2)  # d = 6: 15 rotations
     x = layer_norm(torch.randn(1, 40, 12, dtype=torch.float64))
@@ -594,7 +584,6 @@ def test_qr_method_equals_gram_on_a_256_token_probe() -> None:
 def test_preconditioner_pieces_are_consistent() -> None:
     """T, T^T, T^{-1}, T^{-T}, a @ T and a @ T^{-1} of a Kronecker block, a dense block, a
     diagonal (Jacobi) one and a Kronecker block under a metric's square root, against the formed T."""
-    from lra_cond.conditioning import gauge
 
     gen = torch.Generator().manual_seed(6)
     lb = torch.randn(3, 3, generator=gen, dtype=torch.float64) + 3 * torch.eye(3, dtype=torch.float64)
@@ -608,7 +597,7 @@ def test_preconditioner_pieces_are_consistent() -> None:
     t.add_dense(s)  # a Jacobi block, T = diag(1/s)
     y = torch.linalg.qr(torch.randn(12, 2, generator=gen, dtype=torch.float64)).Q
     lam = torch.tensor([0.3, 0.9], dtype=torch.float64)  # M = I - Y diag(lam) Y^T
-    t.add_kron(lb, w, gauge.MetricRoot.of(y, torch.diag(1 / lam - 1)))  # C = diag(1 / lam)
+    t.add_kron(lb, w, coordinates.MetricRoot.of(y, torch.diag(1 / lam - 1)))  # C = diag(1 / lam)
     m = torch.eye(12, dtype=torch.float64) - y @ torch.diag(lam) @ y.T
     vals, vecs = torch.linalg.eigh(m)
     root = vecs @ torch.diag(vals.sqrt()) @ vecs.T  # T = M^(1/2) (L (x) W)
@@ -639,7 +628,7 @@ def test_gram_is_a_transpose_a() -> None:
 def test_scope_null_takes_groups_on_disjoint_rows_apart() -> None:
     """Groups touching disjoint rows are spanned apart on their own rows: the same span and the same
     rank per group as one span over every row (a dependent direction still counts once)."""
-    from lra_cond.conditioning.jacobian import _scope_null
+    from lra_cond.conditioning.nullspace import _scope_null
     from lra_cond.linalg import span_union
 
     gen = torch.Generator().manual_seed(0)
@@ -653,7 +642,7 @@ def test_scope_null_takes_groups_on_disjoint_rows_apart() -> None:
     c = torch.cat(
         [a @ torch.ones(3, 1, dtype=torch.float64) + b[:, :1], on(slice(0, 20), 5)], 1
     )  # 1 dependent
-    groups = [spectrum.NullGroup(n, frozenset("q"), g) for n, g in zip("abcd", (a, b, c, d))]
+    groups = [nullspace.NullGroup(n, frozenset("q"), g) for n, g in zip("abcd", (a, b, c, d))]
     null, added = _scope_null(groups, 30, a)
     assert added == [3, 2, 5, 4] and null.basis.shape == (30, 14)
     whole, _ = span_union([a, b, d, c])
@@ -743,14 +732,14 @@ def test_factored_blocks_give_the_dense_per_block_values(
     x, mask = padded_input(8, 2, 30, 8)
     x = layer_norm(x) + 0.1
     taken = []
-    real = factored_scopes.factored_scope
+    real = coordinates.factored_scope
 
     def spy(*args):  # noqa: ANN002, ANN202
         out = real(*args)
         taken.append("regularised" if out[3] is not None else "deflated")
         return out
 
-    monkeypatch.setattr(factored_scopes, "factored_scope", spy)
+    monkeypatch.setattr(coordinates, "factored_scope", spy)
     fast = jacobian_condition(layer, x, mask)
     dense = jacobian_condition(layer, x, mask, method="dense")
     # softmax and normalized factor Q and K (normalized's K with a low-rank correction), linear
@@ -1044,7 +1033,7 @@ def test_a_scopes_reduced_columns_are_freed_before_the_next_scope(monkeypatch: p
 def test_the_value_rotation_is_formed_once_per_head(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe takes its scopes one after the other; the head's value factor Y and its full SVD
     (T x T: 1.3 s at 4096 tokens) are formed once per head for all of them."""
-    from lra_cond.conditioning.head_jacobian import HeadJacobian
+    from lra_cond.conditioning.linearised import HeadJacobian
 
     torch.manual_seed(0)
     layer = build_attention("softmax", 8, 2)
@@ -1188,7 +1177,6 @@ def test_factored_products_equal_the_dense_block() -> None:
     """J v, J^T y, the cross Grams, the row rotation, the output side and the preconditioned
     factors from per-token factors equal the same products of the formed (T d) x (d D') blocks,
     for both factor kinds, with and without a low-rank correction (built here entry by entry)."""
-    from lra_cond.conditioning import factored
     from lra_cond.conditioning.families.base import Factored, TokenMixing
 
     gen = torch.Generator().manual_seed(0)
@@ -1284,7 +1272,6 @@ def test_mixing_cross_products_equal_the_dense_corrections() -> None:
 def test_sum_over_inputs_contracts_rows_and_inputs(same: bool) -> None:
     """sum_j,c a[j, (b, c)] b[j, (e, c)] in chunks of rows (a row count no chunk divides) equals the
     einsum over the (r, d, p) views."""
-    from lra_cond.conditioning import factored
 
     gen = torch.Generator().manual_seed(2)
     r, d, p = 150, 4, 7

@@ -1,4 +1,4 @@
-"""The gauge's complement in closed form (``conditioning/gauge.py``) against the dense null space it
+"""The gauge's complement in closed form (``conditioning/coordinates.py``) against the dense null space it
 replaces: an orthonormal basis of exactly its orthogonal complement, the same kappa as the
 Householder deflation, and groups recognised only when they have that form."""
 
@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lra_cond.conditioning.spectrum as spectrum
-from lra_cond.conditioning import gauge, jacobian_condition
-from lra_cond.conditioning.deflation import Deflation, MetricDeflation
+from lra_cond.conditioning import coordinates, jacobian_condition, nullspace
+from lra_cond.conditioning.coordinates import Deflation, MetricDeflation
 from lra_cond.conditioning.families import base as jac
 from lra_cond.linalg import null_vectors
 from lra_cond.models.attention import build_attention
@@ -36,8 +35,8 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     null = _null_basis(w_q, w_k, inputs)
     k = torch.linalg.matrix_rank(null).item()
     assert k == d * d + d * (t_q + t_k)
-    structure = gauge.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
-    closed = gauge.complement(structure, ["q", "k"], k, d, dim)
+    structure = nullspace.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
+    closed = coordinates.gauge_complement(structure, ["q", "k"], k, d, dim)
     assert closed is not None
     operator = closed.comp()  # never formed: against its columns formed here from their definition
     eye = torch.eye(d, dtype=torch.float64)
@@ -85,11 +84,11 @@ def test_a_null_input_among_the_gauge_s_own_is_left_to_the_dense_deflation() -> 
     d, dim = 3, 7
     w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
     w = w_q[:1].T / w_q[0].norm()  # a row of W_Q itself is a null input: the forms overlap
-    structure = gauge.NullStructure((w_q, w_k), {"q": w})
-    assert gauge.complement(structure, ["q", "k"], d * d + d, d, dim) is None
-    structure = gauge.NullStructure((w_q, w_k), {})
-    assert gauge.complement(structure, ["q", "k"], d * d + 1, d, dim) is None  # another group
-    assert gauge.complement(gauge.NullStructure(None, {}), ["q", "k"], d * d, d, dim) is None
+    structure = nullspace.NullStructure((w_q, w_k), {"q": w})
+    assert coordinates.gauge_complement(structure, ["q", "k"], d * d + d, d, dim) is None
+    structure = nullspace.NullStructure((w_q, w_k), {})
+    assert coordinates.gauge_complement(structure, ["q", "k"], d * d + 1, d, dim) is None  # another group
+    assert coordinates.gauge_complement(nullspace.NullStructure(None, {}), ["q", "k"], d * d, d, dim) is None
 
 
 def _span_union_pivots(gauge_cols: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -105,7 +104,7 @@ def _span_union_pivots(gauge_cols: torch.Tensor, other: torch.Tensor) -> torch.T
 def test_pivot_bound_is_below_every_pivot_span_union_would_measure(
     t_q: int, t_k: int, squeeze: float
 ) -> None:
-    """``gauge.pivot_bound`` (which lets ``span_union`` skip its independence test for the gauge) is a
+    """``nullspace.pivot_bound`` (which lets ``span_union`` skip its independence test for the gauge) is a
     lower bound on those pivots, for well- and ill-conditioned W_Q, W_K (row 0 of both squeezed) and
     any null inputs; the squeeze drives both toward 0 together."""
     gen = torch.Generator().manual_seed(2)
@@ -116,8 +115,8 @@ def test_pivot_bound_is_below_every_pivot_span_union_would_measure(
     inputs = [null_vectors(torch.randn(dim - t, dim, generator=gen, dtype=torch.float64)) for t in (t_q, t_k)]
     basis = _null_basis(w_q, w_k, inputs)
     pivots = _span_union_pivots(basis[:, : d * d], basis[:, d * d :])
-    bound = gauge.pivot_bound(
-        gauge.NullStructure((w_q, w_k), {b: w for b, w in zip("qk", inputs) if w.shape[1]})
+    bound = nullspace.pivot_bound(
+        nullspace.NullStructure((w_q, w_k), {b: w for b, w in zip("qk", inputs) if w.shape[1]})
     )
     assert 0 < bound <= float(pivots.min()) * (1 + 1e-9)
     assert bound > 0.01 if squeeze == 1.0 else bound < 0.01
@@ -127,7 +126,7 @@ def test_a_gauge_proven_independent_skips_the_test_with_the_same_null_basis(monk
     """``_scope_null`` with the gauge's independence proven (``pivot_bound``) skips the Gram test on
     the gauge's directions and returns exactly what the test would have (same basis, same ranks)."""
     import lra_cond.linalg as linalg
-    from lra_cond.conditioning.jacobian import _scope_null
+    from lra_cond.conditioning.nullspace import _scope_null
 
     gen = torch.Generator().manual_seed(3)
     d, dim = 3, 7
@@ -135,11 +134,11 @@ def test_a_gauge_proven_independent_skips_the_test_with_the_same_null_basis(monk
     w = null_vectors(torch.randn(dim - 1, dim, generator=gen, dtype=torch.float64))
     cols = _null_basis(w_q, w_k, [w])
     g = jac.gauge(w_q, w_k)
-    unit = gauge.gauge_maps(g["q"], g["k"], w_q, w_k)
-    assert unit is not None and gauge.is_unit_basis(unit)
+    unit = nullspace.gauge_maps(g["q"], g["k"], w_q, w_k)
+    assert unit is not None and nullspace.is_unit_basis(unit)
     groups = [
-        spectrum.NullGroup("gauge", frozenset("qk"), cols[:, : d * d], gauge=(w_q, w_k), unit_gauge=True),
-        spectrum.NullGroup("input_null_q", frozenset("q"), cols[:, d * d :], input_side=w),
+        nullspace.NullGroup("gauge", frozenset("qk"), cols[:, : d * d], gauge=(w_q, w_k), unit_gauge=True),
+        nullspace.NullGroup("input_null_q", frozenset("q"), cols[:, d * d :], input_side=w),
     ]
     tested = []
     original = linalg._independent
@@ -148,7 +147,7 @@ def test_a_gauge_proven_independent_skips_the_test_with_the_same_null_basis(monk
     )
     fast, fast_added = _scope_null(groups, 2 * d * dim, w_q)
     assert d * d not in tested  # the gauge's test was skipped
-    monkeypatch.setattr(gauge, "pivot_bound", lambda structure: 0.0)
+    monkeypatch.setattr(nullspace, "pivot_bound", lambda structure: 0.0)
     slow, slow_added = _scope_null(groups, 2 * d * dim, w_q)
     assert d * d in tested  # and taken without the proof
     assert fast_added == slow_added == [d * d, d]
@@ -160,24 +159,24 @@ def test_groups_are_recognised_only_in_their_closed_form() -> None:
     d, dim = 3, 6
     w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
     g = jac.gauge(w_q, w_k)
-    assert gauge.gauge_maps(g["q"], g["k"], w_q, w_k) is not None
+    assert nullspace.gauge_maps(g["q"], g["k"], w_q, w_k) is not None
     mixed = torch.randn(d * d, d * d, generator=gen, dtype=torch.float64)  # another basis of it
     flat = torch.einsum("mn,nbc->mbc", mixed, g["q"]), torch.einsum("mn,nbc->mbc", mixed, g["k"])
-    assert gauge.gauge_maps(*flat, w_q, w_k) is not None
-    assert gauge.is_unit_basis(gauge.gauge_maps(g["q"], g["k"], w_q, w_k))
-    assert not gauge.is_unit_basis(gauge.gauge_maps(*flat, w_q, w_k))  # a gauge, another basis
+    assert nullspace.gauge_maps(*flat, w_q, w_k) is not None
+    assert nullspace.is_unit_basis(nullspace.gauge_maps(g["q"], g["k"], w_q, w_k))
+    assert not nullspace.is_unit_basis(nullspace.gauge_maps(*flat, w_q, w_k))  # a gauge, another basis
     nudged = g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen)
-    assert gauge.gauge_maps(g["q"], nudged, w_q, w_k) is None
-    assert gauge.gauge_maps(g["q"], -g["k"], w_q, w_k) is None  # (M W_Q, +M^T W_K): not a gauge
+    assert nullspace.gauge_maps(g["q"], nudged, w_q, w_k) is None
+    assert nullspace.gauge_maps(g["q"], -g["k"], w_q, w_k) is None  # (M W_Q, +M^T W_K): not a gauge
     orth = jac.orthogonal_gauge(w_q, w_k)  # a part of the gauge (M antisymmetric): d (d - 1) / 2 maps
-    part = gauge.gauge_maps(orth["q"], orth["k"], w_q, w_k)
+    part = nullspace.gauge_maps(orth["q"], orth["k"], w_q, w_k)
     assert part is not None and part.shape[0] == d * (d - 1) // 2 < d * d
     w = null_vectors(torch.randn(4, dim, generator=gen, dtype=torch.float64))  # (dim, 2)
-    side = gauge.input_side(jac.rows_equal(w, d))
+    side = nullspace.input_side(jac.rows_equal(w, d))
     assert side is not None and side.shape == (dim, 2)
     assert torch.allclose(side @ side.T, w @ w.T, atol=1e-13)  # the same span
-    assert gauge.input_side(jac.rows_equal(w, d)[:-1]) is None  # one u w^T missing
-    assert gauge.input_side(jac.scale(w_q)) is None  # W_Q itself: not of that form
+    assert nullspace.input_side(jac.rows_equal(w, d)[:-1]) is None  # one u w^T missing
+    assert nullspace.input_side(jac.scale(w_q)) is None  # W_Q itself: not of that form
 
 
 @pytest.mark.parametrize(
@@ -194,7 +193,7 @@ def test_the_closed_form_gives_the_householder_deflation_s_kappa(
 ) -> None:
     """Biases and a LayerNorm bias give null inputs on Q and K (and a key shift on K) beside the
     gauge: the closed form takes the whole head and gives the same values as the dense deflation
-    (``gauge.complement`` returning None) and as dense."""
+    (``coordinates.gauge_complement`` returning None) and as dense."""
     torch.manual_seed(3)
     layer = build_attention(family, 16, 2, **options)
     with torch.no_grad():
@@ -204,16 +203,16 @@ def test_the_closed_form_gives_the_householder_deflation_s_kappa(
     x = torch.randn(1, 64, 16, generator=gen, dtype=torch.float64)
     x = torch.nn.functional.layer_norm(x, (16,)) + 0.3 * torch.randn(16, generator=gen, dtype=torch.float64)
     taken = []
-    real = gauge.complement
+    real = coordinates.gauge_complement
 
     def spy(*args):  # noqa: ANN002, ANN202
         taken.append(real(*args))
         return taken[-1]
 
-    monkeypatch.setattr(gauge, "complement", spy)
+    monkeypatch.setattr(coordinates, "gauge_complement", spy)
     closed = jacobian_condition(layer, x)
     assert len(taken) == 2 and all(c is not None for c in taken)
-    monkeypatch.setattr(gauge, "complement", lambda *args: None)
+    monkeypatch.setattr(coordinates, "gauge_complement", lambda *args: None)
     householder = jacobian_condition(layer, x)
     dense = jacobian_condition(layer, x, method="dense")
     assert closed.n_null == householder.n_null == dense.n_null == closed.n_null_expected
@@ -234,9 +233,9 @@ def test_gauge_projector_is_the_projector_onto_its_preconditioned_directions() -
     l_q, l_k = (torch.randn(d, d, generator=gen, dtype=torch.float64) for _ in range(2))
     w_in = torch.randn(dim, dim, generator=gen, dtype=torch.float64)
     rot = jac.orthogonal_gauge(w_q, w_k)
-    maps = gauge.gauge_maps(rot["q"], rot["k"], w_q, w_k)
+    maps = nullspace.gauge_maps(rot["q"], rot["k"], w_q, w_k)
     assert maps is not None and maps.shape == (d * (d - 1) // 2, d, d)
-    proj = gauge.GaugeProjector.of(maps, (w_q, w_k), (l_q, w_in, l_k, w_in))
+    proj = coordinates.GaugeProjector.of(maps, (w_q, w_k), (l_q, w_in, l_k, w_in))
     directions = torch.cat(
         [
             torch.kron(l_q, w_in).T @ rot["q"].reshape(len(maps), -1).T,
@@ -249,11 +248,11 @@ def test_gauge_projector_is_the_projector_onto_its_preconditioned_directions() -
     v = torch.randn(2 * d * dim, 3, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(proj.apply(v), q @ (q.T @ v), rtol=0, atol=1e-13)
     twice = torch.cat([maps, maps[:1]])  # one M_i twice: no projector in closed form
-    assert gauge.GaugeProjector.of(twice, (w_q, w_k), (l_q, w_in, l_k, w_in)) is None
+    assert coordinates.GaugeProjector.of(twice, (w_q, w_k), (l_q, w_in, l_k, w_in)) is None
 
 
 def test_the_orthogonal_gauge_complement_is_an_isometry_onto_the_null_space_s_complement() -> None:
-    """Normalized attention's complement (``gauge.OrthogonalGaugeComplement``) is not orthogonal
+    """Normalized attention's complement (``coordinates.OrthogonalGaugeComplement``) is not orthogonal
     to its gauge, so its coordinates carry a metric: with it, B = E M^(-1/2) projected onto N^perp
     (N: the rotations (M W_Q, M W_K), M antisymmetric, and every u w^T for w a null input) is an
     orthonormal basis of all of N^perp, densely; and ``coordinates`` maps any direction to the B
@@ -266,7 +265,7 @@ def test_the_orthogonal_gauge_complement_is_an_isometry_onto_the_null_space_s_co
     w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
     rot = jac.orthogonal_gauge(w_q, w_k)
     maps = rot["q"] @ torch.linalg.pinv(w_q)
-    comp = gauge.orthogonal_complement(maps, w_q, w_k, x)
+    comp = coordinates.orthogonal_complement(maps, w_q, w_k, x)
     assert comp is not None
     side = jac.rows_equal(w_null, d).reshape(-1, d * dim)
     zero = torch.zeros_like(side)
@@ -296,4 +295,4 @@ def test_the_orthogonal_gauge_complement_is_an_isometry_onto_the_null_space_s_co
     y = comp.coordinates(dq, dk, w_q)
     torch.testing.assert_close(project @ (e @ y), project @ n, rtol=0, atol=1e-12)
     # a group other than all of the rotations has no such complement
-    assert gauge.orthogonal_complement(maps[:2], w_q, w_k, x) is None
+    assert coordinates.orthogonal_complement(maps[:2], w_q, w_k, x) is None

@@ -1,14 +1,14 @@
 """The square factors of a preconditioned Gram (``conditioning.triangular``) and the whole head's
-bordered Schur complement (``whole_head._schur_whitened``), against dense float64 references."""
+bordered Schur complement (``routes._schur_whitened``), against dense float64 references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lra_cond.conditioning import extremes, whole_head
-from lra_cond.conditioning.preconditioner import Preconditioner
-from lra_cond.conditioning.triangular import Bordered, BorderedGram, Upper
+from lra_cond.conditioning import extremes, routes
+from lra_cond.conditioning.coordinates import Preconditioner
+from lra_cond.conditioning.extremes import Bordered, BorderedGram, Upper
 
 
 def _bordered_gram(n_p: int, n_c: int, seed: int = 0) -> tuple[BorderedGram, torch.Tensor]:
@@ -96,7 +96,7 @@ def test_the_schur_complement_is_whitened_and_bordered(definite: bool) -> None:
     if not definite:
         a[:, -1] = 0.0
     g = a.T @ a + c.T @ c
-    bordered, r_c = whole_head._schur_whitened(
+    bordered, r_c = routes._schur_whitened(
         g[:n_p, :n_p].clone(), g[:n_p, n_p:].clone(), g[n_p:, n_p:].clone(), c[:, :n_p], c[:, n_p:]
     )
     assert (bordered.cc is None) == definite

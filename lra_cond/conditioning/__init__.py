@@ -8,7 +8,7 @@ from lra_cond.conditioning.jacobian import (
     cut_separated,
     jacobian_condition,
 )
-from lra_cond.conditioning.weight_kappa import weight_conditions
+from lra_cond.conditioning.linearised import weight_conditions
 from lra_cond.linalg import matrix_condition
 
 __all__ = [

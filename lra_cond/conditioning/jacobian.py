@@ -20,41 +20,43 @@ J has an exact null space (``nullspace``: the input's own, and the family's veri
 so kappa = sigma_max / sigma_min over its orthogonal complement; ``n_null`` says how many directions
 were excluded (the verified ones, plus any value <= rtol * sigma_max they do not explain).
 
+The probe, in order (``jacobian_condition``):
+
+1. linearise the layer (``linearised``);
+2. find and verify the null space (``nullspace``);
+3. build each scope's problem on its complement: coordinates, preconditioner, exact rows as an
+   operator (``coordinates``; Grams from a family's per-token factors: ``factored``), along the
+   route ``routes`` chooses;
+4. find the extreme singular values (``extremes``: a Cholesky factor of the preconditioned Gram,
+   block Lanczos on it and on its inverse);
+5. check them against the exact J (``extremes``), and apply one cut for the whole probe here.
+
 Methods:
-* ``gram`` (default): value block eliminated in closed form, preconditioned Gram, Cholesky, block
-  Lanczos on the factor and its inverse (``spectrum``); exact to ~1e-8 relative, with a check
-  against the exact J: when the Gram lost sigma_min, sigma_min is taken from the exact J by
-  preconditioned Rayleigh-Ritz, and the factor is recomputed by Householder QR only if that
-  does not settle (or the Gram is not numerically definite).
+* ``gram`` (default): the steps above; exact to ~1e-8 relative, with the check against the exact J.
 * ``qr``: the same with the factor from Householder QR (slower, never squares the condition).
 * ``dense``: every singular value of every head block by ``svdvals``, null cut at rtol; the
-  reference, minutes per layer at the reference shape.
+  reference the tests hold the others to, minutes per layer at the reference shape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from lra_cond.conditioning import gauge
 from lra_cond.conditioning.extremes import Extremes
-from lra_cond.conditioning.families.base import Support
-from lra_cond.conditioning.gauge import NullStructure
-from lra_cond.conditioning.head_jacobian import HeadJacobian
-from lra_cond.conditioning.linearised import LinearisedLayer, linearise
-from lra_cond.conditioning.nullspace import ACCEPT_RTOL, group_gain, snap_input, verified_groups
-from lra_cond.conditioning.spectrum import NullGroup, ScopeNull, head_spectra
-from lra_cond.conditioning.weight_kappa import weight_conditions
-from lra_cond.conditioning.whole_head import GaugePart
+from lra_cond.conditioning.linearised import HeadJacobian, LinearisedLayer, linearise, weight_conditions
+from lra_cond.conditioning.nullspace import (
+    scope_nulls,
+    snap_input,
+)
+from lra_cond.conditioning.routes import head_spectra
 from lra_cond.errors import UserError
-from lra_cond.linalg import RANK_RTOL, normal_draws, span_union, spectrum_cut, svdvals
+from lra_cond.linalg import RANK_RTOL, spectrum_cut, svdvals
 from lra_cond.models.attention.base import Attention
 
 METHODS = ("gram", "qr", "dense")
-SPAN_RTOL = 1e-6  # a group's direction counts when this far from the span of those before it
 # Exact null singular values come out of float64 svdvals at <= ~4e-16 sigma_max (measured on every
 # family's probes); genuine small ones reach down to ~2.5e-13 sigma_max: linear attention, whose
 # query features pass near 0 at some token (phi = exp(q) vs q + 1 differ by ~q^2 / 2 there), has
@@ -152,169 +154,6 @@ def _too_small(probe: LinearisedLayer) -> str | None:
     return None
 
 
-def _row_components(supports: list[torch.Tensor]) -> list[list[int]]:
-    """Indices grouped by overlapping row supports (boolean masks), transitively."""
-    members: list[list[int]] = []
-    masks: list[torch.Tensor] = []
-    for i, rows in enumerate(supports):
-        touching = [j for j, mask in enumerate(masks) if bool((mask & rows).any())]
-        merged = [k for j in touching for k in members[j]] + [i]
-        mask = rows.clone()
-        for j in touching:
-            mask |= masks[j]
-        members = [m for j, m in enumerate(members) if j not in touching] + [sorted(merged)]
-        masks = [m for j, m in enumerate(masks) if j not in touching] + [mask]
-    return members
-
-
-def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple[ScopeNull, list[int]]:
-    """One head's verified groups on a scope -> a basis of their span (groups taken smallest first,
-    so the largest, e.g. the gauge, is never orthonormalised), and each group's added rank.
-    Groups touching disjoint rows span independent subspaces: each set of overlapping ones is taken
-    on its own rows (the gauge and the key shifts on Q's and K's, 2/3 of the whole head's)."""
-    if not groups:
-        return ScopeNull(like.new_zeros(size, 0), True), []
-    supports = [g.directions.abs().amax(1) > 0 for g in groups]
-    structure = _structure(groups)
-    parts, added = [], [0] * len(groups)
-    columns: dict[int, tuple[int, int]] = {}  # group -> its columns of the basis
-    start = 0
-    for members in _row_components(supports):
-        rows = torch.stack([supports[i] for i in members]).any(0)
-        order = sorted(members, key=lambda i: groups[i].directions.shape[1])
-        # the gauge joined last after null inputs alone (``structure``): independent in closed form
-        known = structure is not None and groups[order[-1]].unit_gauge
-        known = known and gauge.pivot_bound(structure) > 10 * SPAN_RTOL
-        sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL, known)
-        for i, n in zip(order, added_sorted):
-            added[i], columns[i], start = n, (start, start + n), start + n
-        part = like.new_zeros(size, sub.shape[1])
-        part[rows] = sub
-        parts.append(part)
-    split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
-    basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-    return ScopeNull(
-        basis, split, structure=structure, gauge_part=_gauge_part(groups, columns, added, basis)
-    ), added
-
-
-def _gauge_part(
-    groups: list[NullGroup], columns: dict[int, tuple[int, int]], added: list[int], basis: torch.Tensor
-) -> GaugePart | None:
-    """The largest group of the gauge's form that entered the basis whole (every direction
-    independent of the others'), and a mask of its columns: its projector has a closed form."""
-    fits = [i for i, g in enumerate(groups) if g.maps is not None and added[i] == g.directions.shape[1]]
-    if not fits:
-        return None
-    i = max(fits, key=lambda j: added[j])
-    mask = torch.zeros(basis.shape[1], dtype=torch.bool, device=basis.device)
-    mask[columns[i][0] : columns[i][1]] = True
-    return groups[i].maps, mask
-
-
-def _structure(groups: list[NullGroup]) -> NullStructure | None:
-    """The groups outside V in closed form (``gauge``), or None when one of them has none."""
-    inputs: dict[str, list[torch.Tensor]] = {}
-    out = NullStructure()
-    for g in groups:
-        if g.blocks == {"v"}:
-            continue
-        if g.gauge is not None and out.gauge is None:
-            out.gauge = g.gauge
-        elif g.input_side is not None:
-            inputs.setdefault(next(iter(g.blocks)), []).append(g.input_side)
-        else:
-            return None
-    for b, ws in inputs.items():  # their union (a key shift holds the input's null directions)
-        out.inputs[b] = gauge.row_space(torch.cat(ws, 1).T)[0]
-    return out
-
-
-@dataclass
-class _Reduction:
-    """A scope's columns with a family's support applied: blocks in ``support_blocks`` reach the
-    output only through span(P), so they are replaced by the columns J_S P (the rest of their
-    coordinates, removed = n_S - r directions, are null)."""
-
-    name: str
-    kron: list[str]  # the scope's other blocks, unchanged
-    support_blocks: list[str]
-    p: torch.Tensor  # (n_S, r) orthonormal
-    jac: HeadJacobian  # every block's products go through it (no columns formed)
-    dense: torch.Tensor  # J_S P
-    product: Callable[[torch.Tensor], torch.Tensor] | None  # M -> J_S P M by the family's structure
-    gram: Callable[[], torch.Tensor] | None  # () -> ~(J_S P)^T (J_S P) by it (a preconditioner's)
-    order: list[str]  # the scope's blocks, in order
-    size: int
-
-    @property
-    def removed(self) -> int:
-        return self.p.shape[0] - self.p.shape[1]
-
-    @property
-    def n_kron(self) -> int:
-        return len(self.kron) * self.size
-
-    def apply(self, v: torch.Tensor) -> torch.Tensor:  # v in the reduced layout [kron, dense]
-        n = self.n_kron
-        out = self.dense @ v[n:]
-        return out + self.jac.apply(v[:n], self.kron) if self.kron else out
-
-    def _split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scope's original layout -> (kron rows, support rows)."""
-        parts = {b: v[i * self.size : (i + 1) * self.size] for i, b in enumerate(self.order)}
-        kron = torch.cat([parts[b] for b in self.kron]) if self.kron else v[:0]
-        return kron, torch.cat([parts[b] for b in self.support_blocks])
-
-    def coordinates(self, v: torch.Tensor) -> torch.Tensor:
-        """Directions in the original layout -> the reduced layout (their component in span(P);
-        the rest is among the removed null directions)."""
-        kron, sup = self._split(v)
-        return torch.cat([kron, self.p.T @ sup])
-
-    def basis_of(self, basis: torch.Tensor) -> torch.Tensor:
-        return basis  # verified groups are already in the reduced layout
-
-    def verified(self) -> float | None:
-        """J vanishes on the support's complement and the columns are J_S P (two random directions
-        each), relative to J's gain: a bound on J's gain on the complement (``group_gain``), or
-        None when either fails."""
-        gen = torch.Generator().manual_seed(1)
-        r = normal_draws(gen, self.p.shape[0], 2, dtype=self.p.dtype, device=self.p.device)
-        off = r - self.p @ (self.p.T @ r)
-        y = normal_draws(gen, self.p.shape[1], 2, dtype=self.p.dtype, device=self.p.device)
-        # one pass over J_S (T d x n_S, the largest blocks here) for all three products, through the
-        # blocks as the family gave them: forming J_S's columns cost ~0.1 s a scope (272 MB)
-        probes = torch.cat([r, off, self.p @ y], 1)
-        j_r, j_off, j_py = self.jac.apply(probes, self.support_blocks).split(2, 1)
-        gain = max(float(j_r.norm() / r.norm()), 1e-300)
-        if float(j_off.norm()) > ACCEPT_RTOL * gain * float(off.norm()):
-            return None
-        diff = self.dense @ y - j_py
-        if float(diff.norm()) > ACCEPT_RTOL * gain * float(y.norm()):
-            return None
-        return group_gain(j_off.norm(dim=0), off.norm(dim=0), self.removed)
-
-
-def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support | None) -> _Reduction | None:
-    if support is None:
-        return None
-    kron = [b for b in sb if b not in support.blocks]
-    dense = support.columns if support.columns is not None else jac.columns(support.blocks) @ support.p
-    return _Reduction(
-        support.name,
-        kron,
-        list(support.blocks),
-        support.p,
-        jac,
-        dense,
-        support.product,
-        support.gram,
-        list(sb),
-        size,
-    )
-
-
 def _combine(
     heads: list[Extremes], expected: int, n_params: int, rtol: float, null_gain: float
 ) -> SpectrumSummary:
@@ -333,53 +172,6 @@ def _dense_summary(
     ``dense`` method's definition)."""
     smax, smin, n_null, excluded = spectrum_cut(torch.cat([svdvals(j.columns(sb)) for j in jacs]), rtol)
     return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, excluded)
-
-
-def _scope_nulls(
-    probe: LinearisedLayer,
-    jacs: list[HeadJacobian],
-    sb: tuple[str, ...],
-    w0: torch.Tensor,
-    group_ranks: dict[str, int],
-    count: bool,
-) -> tuple[list[ScopeNull], float]:
-    """Every head's verified null space on the scope over blocks ``sb`` (a group is kept only if it
-    is null in every head), on the family's support where it gives one. ``group_ranks``: {group:
-    directions over all heads}, this scope's counts added when ``count`` (the whole head's scope).
-    Also returns a bound on J's largest gain on every direction the scope treats as null."""
-    heads = range(probe.num_heads)
-    size = probe.block_size
-    supports = [probe.family.support(probe.head_inputs(h, sb)) for h in heads]
-    reduced = [_reduce(jacs[h], sb, size, s) for h, s in enumerate(supports)]
-
-    def apply(h: int, v: torch.Tensor) -> torch.Tensor:
-        return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h].apply(v)
-
-    def transform(h: int, v: torch.Tensor) -> torch.Tensor:
-        return v if reduced[h] is None else reduced[h].coordinates(v)
-
-    groups, gains = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
-    null_gain = max(gains.values(), default=0.0)
-    nulls = []
-    for h in heads:
-        red = reduced[h]
-        width = len(sb) * size if red is None else red.n_kron + red.dense.shape[1]
-        null, added = _scope_null(groups[h], width, probe.x)
-        if red is not None:
-            off_gain = red.verified()
-            if off_gain is None:
-                raise RuntimeError(f"{type(probe.family).__name__}.support is not a support of J")
-            null_gain = max(null_gain, off_gain)
-            null = ScopeNull(
-                red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product, red.gram
-            )
-            group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if count else 0)
-        nulls.append(null)
-        if count:
-            for g, n in zip(groups[h], added):
-                if n:
-                    group_ranks[g.name] = group_ranks.get(g.name, 0) + n
-    return nulls, null_gain
 
 
 def jacobian_condition(
@@ -452,7 +244,7 @@ def jacobian_condition(
     # family's reduced columns (linear attention's K/V statistics support, ~0.5-1 GB a head and
     # scope on the tiny split) never outlive their scope
     for scope, sb in scopes.items():
-        nulls, null_gain_of[scope] = _scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
+        nulls, null_gain_of[scope] = scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
         expected_of[scope] = sum(n.basis.shape[1] + n.reduced for n in nulls)
         if method != "dense":
             for h in heads:

@@ -1,12 +1,21 @@
-"""The function whose Jacobian is measured: one attention layer's pre-``out_proj`` output at the real
-tokens of a fixed input, as a map from every parameter of its q/k/v projections.
+"""Step 1 of the probe: linearise the layer.
 
-The layer is a ``jacobian_copy`` (float64, eval, explicit math, projections W~ = [W | b] of the
-augmented input x~ = [x, 1] when the layer has biases, at the limit its family is measured at), so
-the parameters are the weights W~ only. They are laid out head by head, ``[W~_Q^h, W~_K^h,
-W~_V^h]`` (only the blocks asked for), each flattened row-major from torch's ``weight[out, in]``
-layout. Head h's output depends only on its own rows of the three projections, so the Jacobian is
-block diagonal over heads and its singular values are the union of the heads'.
+The function whose Jacobian is measured is one attention layer's pre-``out_proj`` output at the
+real tokens of a fixed input, as a map from every parameter of its q/k/v projections. The layer is
+a ``jacobian_copy`` (float64, eval, explicit math, projections W~ = [W | b] of the augmented input
+x~ = [x, 1] when the layer has biases, at the limit its family is measured at), so the parameters
+are the weights W~ only, laid out head by head, ``[W~_Q^h, W~_K^h, W~_V^h]`` (only the blocks asked
+for), each flattened row-major from torch's ``weight[out, in]`` layout. Head h's output depends
+only on its own rows of the three projections, so J is block diagonal over heads and its singular
+values are the union of the heads'.
+
+Each head's block is a ``HeadJacobian``: the blocks its family's closed form gave
+(``conditioning/families/``: dense columns, per-token factors ``Factored``, or the value block
+``ValueBlock`` = Y (x) I_d), or forward-mode AD for a family without one. Dense columns are formed
+only where a step asks for them (a head's dense J is 8192 x 6240 at the ListOps reference shape);
+J v goes through the blocks as they are.
+
+Also here: the condition numbers of the projection weights themselves (``weight_conditions``).
 """
 
 from __future__ import annotations
@@ -19,11 +28,94 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
+from lra_cond.conditioning import factored
 from lra_cond.conditioning.families import FamilyJacobian, family_jacobian
-from lra_cond.conditioning.families.base import BLOCKS, HeadInputs, family_jacobian_class
-from lra_cond.conditioning.head_jacobian import HeadJacobian
+from lra_cond.conditioning.families.base import (
+    BLOCKS,
+    Factored,
+    HeadInputs,
+    Part,
+    ValueBlock,
+    columns,
+    family_jacobian_class,
+    part_like,
+    part_shape,
+)
 from lra_cond.errors import UserError
+from lra_cond.linalg import matrix_condition
 from lra_cond.models.attention.base import Attention
+
+
+class HeadJacobian:
+    """J (T d, len(blocks) d D') of one head, block b in columns b * d D' onwards (``blocks`` order)."""
+
+    def __init__(
+        self, parts: dict[str, Part], blocks: tuple[str, ...], full: torch.Tensor | None = None
+    ) -> None:
+        self.parts, self.blocks = parts, blocks
+        t, self.d, self.dim = part_shape(parts[blocks[0]])
+        self.size = self.d * self.dim
+        self.shape = (t * self.d, len(blocks) * self.size)
+        # dense column matrices formed so far, by the blocks they hold
+        self._formed: list[tuple[tuple[str, ...], torch.Tensor]] = [] if full is None else [(blocks, full)]
+        self.cache: dict = {}  # what the probe derives from this head once for all its scopes
+
+    @classmethod
+    def from_dense(cls, jac: torch.Tensor, blocks: tuple[str, ...], d: int, dim: int) -> HeadJacobian:
+        """A Jacobian computed as one matrix (forward-mode AD): every block dense."""
+        t = jac.shape[0] // d
+        view = jac.reshape(t, d, len(blocks), d, dim)
+        return cls({b: view[:, :, i] for i, b in enumerate(blocks)}, blocks, jac)
+
+    @property
+    def factors(self) -> dict[str, Factored]:
+        """The blocks the family gave as factors."""
+        return {b: p for b, p in self.parts.items() if isinstance(p, Factored)}
+
+    def value_factor(self) -> torch.Tensor | None:
+        """Y when the value block came as Y (x) I_d (else None: a caller may test the dense block)."""
+        part = self.parts.get("v")
+        return part.y if isinstance(part, ValueBlock) else None
+
+    def block(self, b: str) -> torch.Tensor:
+        """Block b's dense columns (T d, d D')."""
+        return self.columns((b,))
+
+    def columns(self, wanted: list[str] | tuple[str, ...]) -> torch.Tensor:
+        """The dense columns of ``wanted`` blocks, in that order: a view of a matrix formed before
+        when they are adjacent there (the whole one, or a family's support blocks), else formed once."""
+        wanted = tuple(wanted)
+        if not wanted:
+            return part_like(self.parts[self.blocks[0]]).new_empty(self.shape[0], 0)
+        for names, mat in self._formed:
+            for start in range(len(names) - len(wanted) + 1):
+                if names[start : start + len(wanted)] == wanted:
+                    return mat[:, start * self.size : (start + len(wanted)) * self.size]
+        mat = columns(self.parts, wanted)
+        self._formed.append((wanted, mat))
+        return mat
+
+    def dense(self) -> torch.Tensor:
+        return self.columns(self.blocks)
+
+    def apply(self, v: torch.Tensor, wanted: list[str] | tuple[str, ...]) -> torch.Tensor:
+        """J[:, wanted] v for v (len(wanted) d D', k), each block as the family gave it."""
+        out = None
+        for i, b in enumerate(wanted):
+            vb = v[i * self.size : (i + 1) * self.size]
+            part = self.parts[b]
+            if isinstance(part, Factored):
+                prod = factored.apply(part, vb, self.d)
+            elif isinstance(part, ValueBlock):
+                prod = part.apply(vb)
+            elif part.is_contiguous():  # its (T, d, d, D') entries as (T d, d D'): a view
+                prod = part.view(-1, self.size) @ vb
+            else:  # a view into a matrix formed whole (``from_dense``)
+                prod = self.block(b) @ vb
+            out = prod if out is None else out + prod
+        assert out is not None
+        return out
+
 
 BLOCK_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj"}
 CHUNK_BYTES = 2**30  # memory budget for one batch of Jacobian-vector products (AD fallback)
@@ -206,3 +298,16 @@ def linearise(
     mask = None if key_padding_mask is None else key_padding_mask.to(x.device).bool()
     real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else ~mask
     return LinearisedLayer(copy64, x64, mask, real, parse_blocks(blocks), layer.dim, family_jacobian(copy64))
+
+
+def weight_conditions(layer: Attention, blocks: tuple[str, ...] = ("q", "k", "v")) -> dict[str, dict]:
+    """``{"q": {"stacked": kappa(W_Q), "heads": [kappa(W_Q^h) ...]}, ...}`` (torch layout, rows = outputs)."""
+    d = layer.head_dim
+    out: dict[str, dict] = {}
+    for b in blocks:
+        w = getattr(layer, f"{b}_proj").weight
+        out[b] = {
+            "stacked": matrix_condition(w),
+            "heads": [matrix_condition(w[h * d : (h + 1) * d]) for h in range(layer.num_heads)],
+        }
+    return out

@@ -1,18 +1,39 @@
-"""The whole head when every block but V comes as a family's factors (softmax; normalized, its K
-with a low-rank correction; nystrom, its Q and K with a landmark correction): the value block
-eliminated as a Schur complement, the null space deflated by congruence (or regularised), every
-Gram from the factors, the exact rows an operator (see ``spectrum``).
+"""The probe's routes: which coordinates, preconditioner and Gram each scope takes to step 4
+(``head_spectra``, one head at a time). Every route ends in ``extremes.solve``, except the value
+block alone, which is exact in closed form.
 
-Why the head needs its joint Gram (the cross Gram of Q and K and the Schur complement, ~0.7 s a
-nystrom head at the reference shape) and cannot lean on the Grams of Q, K and V alone, which the
-per-block scopes form anyway: preconditioned by those three (block Jacobi), the head's Gram keeps
-a condition number of 5e7-1.4e11 (measured at the reference shape: the pencil (J^T J, blockdiag
-J_b^T J_b) off the head's null space, nystrom layer 0 and 1 and softmax layer 1, head 0). The
-head's small singular values come from the blocks cancelling one another, not from any block
-alone, so an iteration preconditioned that way needs ~sqrt(kappa) steps: thousands. Nor can the
-joint Gram be formed in float32 for the refinement to correct: preconditioned and Schur-reduced
-(``h`` of ``_solve_head``) it still has kappa 1e11-1.8e13 for nystrom and 1.4e9-1.7e17 for softmax
-there (float32's Cholesky factor holds to ~1e7)."""
+In order, the first that applies:
+
+1. **V alone**, the family gives V as Y (x) I_d: every singular value of Y, d times, exact
+   (``_value_extremes``).
+2. **Whole head, V eliminated, Q and K as factors** (softmax, normalized, nystrom):
+   ``factored_head``: the Gram from the factors, V as a Schur complement, the null space deflated
+   by congruence (the gauge's complement in closed form where it applies) or regularised;
+   sigma_min always refined on the exact J.
+3. **Whole head, V eliminated, dense Q and K** (forward-mode AD): rows rotated by [Q_Y, Q_perp],
+   V's block eliminated exactly, the rest deflated (``coordinates.deflate_columns``).
+4. **One block given as factors** (Q or K alone): ``coordinates.factored_scope``, its input-side
+   nulls deflated, else every coordinate kept and the nulls regularised.
+5. **Few nulls** (k <= n / 4: linear's whole head, most blocks alone): every coordinate kept, the
+   nulls regularised, G' + beta Q_B Q_B^T (``coordinates.factored_kept`` from factors, else the
+   formed columns).
+6. **Anything else**: the null space deflated from the formed columns
+   (``coordinates.deflate_columns``).
+
+**The value block in closed form.** For every A = P V family the V block is Y (x) I_d (Y = P X),
+checked numerically. Rotating rows by [Q_Y | Q_perp]^T (x) I (Q_Y from the SVD of Y) and the V
+columns by V_Y gives J = [[diag(s_Y) (x) I, C], [0, P_perp J_A]]: the value block is eliminated
+exactly, and only the projected rest P_perp J_A goes further. Needs every null group to lie in V
+alone or outside V (checked); otherwise V is treated like the other blocks.
+
+**Why the whole head needs its joint Gram.** Preconditioned by the Grams of Q, K and V alone
+(block Jacobi), the head's Gram keeps a condition number of 5e7-1.4e11 at the reference shape: the
+head's small singular values come from the blocks cancelling one another, so the head's Gram is
+formed from the factors jointly, its value block as a Schur complement. Because a Schur complement
+cancels, sigma_min is then always taken from the exact J (``extremes.solve``'s ``refine``).
+
+The steps, their sources and the measurements behind each route: docs/conditioning.md.
+"""
 
 from __future__ import annotations
 
@@ -21,23 +42,186 @@ from typing import NamedTuple
 
 import torch
 
-from lra_cond.conditioning import extremes, factored, gauge
-from lra_cond.conditioning.deflation import DeflatedRows, Deflation, MetricDeflation, deflation
-from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes, Regulariser
-from lra_cond.conditioning.factored_scopes import (
+from lra_cond.conditioning import coordinates, extremes, factored, nullspace
+from lra_cond.conditioning.coordinates import (
+    DeflatedRows,
+    Deflation,
+    MetricDeflation,
+    Preconditioner,
     block_alone,
     block_grams,
+    deflate_columns,
+    deflation,
+    dense_preconditioner,
+    input_whitening,
     kept_coordinates,
+    output_whitening,
     release_whole_head_parts,
+    whitened,
 )
-from lra_cond.conditioning.families.base import Factored
-from lra_cond.conditioning.preconditioner import Preconditioner, input_whitening
-from lra_cond.conditioning.triangular import BorderedGram
-from lra_cond.linalg import gram, kron_left, kron_right, normal_draws, orthonormal_basis, orthonormal_columns
+from lra_cond.conditioning.extremes import REGULARISE_RATIO, BorderedGram, Extremes, Regulariser
+from lra_cond.conditioning.families.base import Factored, ValueBlock
+from lra_cond.conditioning.linearised import HeadJacobian
+from lra_cond.conditioning.nullspace import GaugePart, ScopeNull
+from lra_cond.linalg import (
+    gram,
+    kron_left,
+    kron_right,
+    normal_draws,
+    orthonormal_basis,
+    orthonormal_columns,
+    spectrum_cut,
+    svdvals,
+)
 
-# a group of the gauge's form, as its (M_i, W_Q, W_K) (``spectrum.NullGroup.maps``), and a mask of its
-# columns among a scope's null basis (``spectrum.ScopeNull.gauge_part``)
-GaugePart = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
+    """Y (T, D') if ``block`` (rows (i, a), columns (b, c)) is Y (x) I_d, i.e. block[(i, a), (b, c)] =
+    delta_ab Y[i, c]; else None."""
+    t, dim = block.shape[0] // d, block.shape[1] // d
+    y = block.reshape(t, d, d, dim)[:, 0, 0]
+    # Checked on random directions (the structure holds exactly or fails by O(1)): one product
+    # instead of comparing every entry.
+    gen = torch.Generator().manual_seed(0)
+    v = normal_draws(gen, d * dim, 2, dtype=block.dtype, device=block.device)
+    want = ValueBlock(y, d).apply(v)
+    got = block @ v
+    return y if bool((got - want).norm() <= 1e-12 * max(float(got.norm()), 1e-300)) else None
+
+
+def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
+    """Y (x) I_d: every singular value of Y, d times (exact)."""
+    s = svdvals(y)
+    smax, smin, n_null, excluded = spectrum_cut(torch.cat([s, s.new_zeros(y.shape[1] - s.numel())]), rtol)
+    extra = d * n_null - verified
+    notes = [f"{extra} value-block null value(s) beyond the verified ones"] if extra > 0 else []
+    return Extremes(smax, smin, max(verified, d * n_null), max(extra, 0), "kron", notes, excluded)
+
+
+def _value_rotation(
+    jac: HeadJacobian, blocks: tuple[str, ...], d: int, rtol: float
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
+    """(Y, U = [Q_Y | Q_perp], s_Y, rank of Y) when the head's value block is Y (x) I_d (rows rotated
+    by U^T (x) I, it becomes diag(s_Y) (x) I), else (None, None, None, 0). Formed once per head (kept
+    on ``jac``): the probe asks for it scope by scope (the full SVD alone took 1.3 s at 4096 tokens)."""
+    key = ("value_rotation", tuple(blocks), rtol)
+    if key not in jac.cache:
+        y = jac.value_factor() if "v" in blocks else None
+        if y is None and "v" in blocks:  # a dense value block (forward-mode AD): tested numerically
+            y = kron_factor(jac.block("v"), d)
+        if y is None:
+            jac.cache[key] = (None, None, None, 0)
+        else:
+            u, s_y, _ = torch.linalg.svd(y, full_matrices=True)
+            jac.cache[key] = (y, u, s_y, int((s_y > rtol * s_y[0]).sum()))
+    return jac.cache[key]
+
+
+def head_spectra(
+    jac: HeadJacobian,
+    blocks: tuple[str, ...],
+    d: int,
+    dim: int,
+    x_real: torch.Tensor,
+    nulls: dict[str, ScopeNull],
+    rtol: float,
+    method: str = "gram",
+    factors: dict[str, Factored] | None = None,
+) -> dict[str, Extremes]:
+    """Extremes of every scope in ``nulls`` ("all", or a single block) of one head: each scope's
+    columns are its ``ScopeNull.blocks`` of ``jac`` (blocks laid out in ``blocks`` order), then its
+    ``dense`` columns. ``factors``: blocks the family gave in factored form (single-block scopes
+    use them). Blocks' rows rotated for the value elimination are shared by the scopes given
+    (``jacobian_condition`` gives one at a time: each scope's reduced columns go before the next
+    scope's are built); the rotation itself is formed once per head (``_value_rotation``)."""
+    factors = factors or {}
+    size = d * dim
+    y, u, s_y, r_y = _value_rotation(jac, blocks, d, rtol)
+    rotated: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    t_len = jac.shape[0] // d
+
+    def rotate(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = m.shape[1]
+        both = (u.T @ m.reshape(t_len, -1)).reshape(-1, n)  # one product: u = [Q_Y | Q_perp]
+        return both[: r_y * d], both[r_y * d :]
+
+    def rows_of(b: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block b's columns with rows rotated: (top: Q_Y part, bottom: Q_perp part), cached."""
+        if b not in rotated:
+            rotated[b] = rotate(jac.block(b))
+        return rotated[b]
+
+    out: dict[str, Extremes] = {}
+    for scope, null in nulls.items():
+        sb = null.blocks if null.blocks is not None else (list(blocks) if scope == "all" else [scope])
+        basis, extra = null.basis, [] if null.dense is None else [null.dense]
+        verified = basis.shape[1] + null.reduced
+        if scope == "v" and y is not None:  # exact, whatever reduction the family offers
+            out[scope] = _value_extremes(y, d, verified, rtol)
+            continue
+        eliminate = y is not None and "v" in sb and len(sb) > 1 and null.value_split and not extra
+        if eliminate:
+            i_v = sb.index("v")
+            v_norm = basis[i_v * size : (i_v + 1) * size].norm(dim=0)
+            v_part = v_norm > 0.5 * basis.norm(dim=0)  # each column lies in V or outside V
+            eliminate = int(v_part.sum()) == d * (dim - r_y)  # the value block's own nulls are Y's
+        if eliminate:
+            a_blocks = [b for b in sb if b != "v"]
+            spans = [(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"]
+            keep = torch.cat([torch.arange(a, e, device=basis.device) for a, e in spans])
+            null_a = basis[:, ~v_part][keep]  # the null directions outside V, in the other blocks
+            if all(b in factors for b in a_blocks):  # the Gram from the factors, no rows formed
+                fs = [factors[b] for b in a_blocks]
+                closed = None
+                if null.structure is not None:
+                    closed = coordinates.gauge_complement(null.structure, a_blocks, null_a.shape[1], d, dim)
+                part = None  # a gauge-form group's columns among null_a ([Q | K] blocks only)
+                if null.gauge_part is not None and a_blocks == ["q", "k"]:
+                    part = (null.gauge_part[0], null.gauge_part[1][~v_part])
+                problem = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
+                out[scope] = factored_head(problem, closed, part)
+                continue
+            (main, coupling), t = deflate_columns(
+                [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real
+            )
+            value = (s_y[:r_y].repeat_interleave(d), coupling)
+            out[scope] = extremes.solve([main], t, value, verified, rtol, method)
+            continue
+        if scope in factors and sb == [scope] and not extra:  # one factored block
+            exact, t, g, left_null = coordinates.factored_scope(factors[scope], basis, d, dim, x_real)
+            out[scope] = extremes.solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
+            continue
+        raw = [jac.block(b) for b in sb] + extra
+        if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
+            null_q = orthonormal_basis(basis)
+            if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
+                fs = [factors[b] for b in sb]
+                rows, t, g = coordinates.factored_kept(
+                    fs, extra[0] if extra else None, d, x_real, null.dense_product, null.dense_gram
+                )
+                out[scope] = extremes.solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
+                continue
+            t, g = Preconditioner(), None
+            for b in raw[: len(sb)]:
+                t.add_kron(output_whitening(b, d), input_whitening(x_real))
+            if extra and not sb and null.dense_product is not None:  # the columns alone, whitened
+                r, scaled = whitened(extra[0], null.dense_product, null.dense_gram)  # by its structure
+                t.add_dense(r)
+                g = gram(scaled)
+            elif extra:
+                t.add_dense(dense_preconditioner(extra[0], null.dense_gram))
+            rows = [torch.cat(raw, 1)] if len(raw) > 1 else raw
+            out[scope] = extremes.solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
+            continue
+        if y is not None:
+            tops, bottoms = zip(*([rows_of(b) for b in sb] + [rotate(e) for e in extra]))
+            rows = [list(bottoms), list(tops)]
+        else:
+            rows = [raw]
+        dense = extra[0].shape[1] if extra else 0
+        rows, t = deflate_columns(rows, d, dim, basis, x_real, dense=dense)
+        out[scope] = extremes.solve(rows, t, None, verified, rtol, method)
+    return out
 
 
 class Head(NamedTuple):
@@ -58,18 +242,18 @@ class Head(NamedTuple):
 
 def factored_head(
     head: Head,
-    closed: gauge.GaugeComplement | None = None,
+    closed: coordinates.GaugeComplement | None = None,
     gauge_part: GaugePart | None = None,
 ) -> Extremes:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
 
-    * each block's input side rotated to [V_perp | V_par] (``deflation``), then preconditioned:
+    * each block's input side rotated to [V_perp | V_par] (``coordinates.deflation``), then preconditioned:
       L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
     * the par coordinates replaced by the complement of the null directions by congruence
       (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram; with ``closed``
       (the null space is the gauge and null inputs) the complement's columns come from Q's
-      factors transformed by a Kronecker product instead (``gauge.GaugeComplement.factor``: no
+      factors transformed by a Kronecker product instead (``coordinates.GaugeComplement.factor``: no
       Householder pass, no congruence, and K meets it only on K's perp coordinates);
     * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
       M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
@@ -99,7 +283,7 @@ def factored_head(
 
 
 def _deflated_schur(
-    head: Head, basis: Deflation, closed: gauge.GaugeComplement | None
+    head: Head, basis: Deflation, closed: coordinates.GaugeComplement | None
 ) -> tuple[Preconditioner, BorderedGram, torch.Tensor]:
     """``factored_head``'s preconditioner T, the value block's Schur complement (preconditioned,
     on the coordinates ``basis``) and the value coupling C B, from the factors."""
@@ -191,7 +375,7 @@ def _schur_whitened(
     """The value block's Schur complement G - C^T C of a Gram G = [[G_pp, G_pc], [., G_cc]] and
     coupling rows C = [C_p | C_c], its complement part whitened by R_c, the Cholesky factor of its
     own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows times R_c^-1,
-    bordered (``triangular.BorderedGram``: that block the identity). Where H_cc is not numerically
+    bordered (``extremes.BorderedGram``: that block the identity). Where H_cc is not numerically
     definite, R_c is shifted and H's whitened block formed. ``g_pp`` and ``g_cc`` are overwritten."""
     h_cc = gram(top_c, add_to=g_cc, alpha=-1.0)
     r_c, info = torch.linalg.cholesky_ex(h_cc, upper=True)
@@ -216,7 +400,7 @@ def _factored_head_kept(
     """``factored_head`` for a null space without a closed form but with few directions (normalized
     attention's: its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every coordinate keeps its
     Kronecker preconditioner L_b (x) W and the null directions (all outside V) are regularised as in
-    ``factored_scopes.factored_kept``, a group of the gauge's form (``gauge_part``: its maps and its
+    ``coordinates.factored_kept``, a group of the gauge's form (``gauge_part``: its maps and its
     columns of ``null``) in closed form (``_gauge_regulariser``). The value block's Schur complement T^T
     G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their rotated rows, where
     deflating takes a Householder complement and four congruences by it (measured ~1.4 s a head at the
@@ -242,7 +426,7 @@ def _factored_head_orthogonal(
 ) -> Extremes | None:
     """``factored_head`` for a null space holding the orthogonal gauge (normalized attention: 496 of
     its 578 directions at the reference shape) and the null inputs: both deflated by the
-    complement of ``gauge.OrthogonalGaugeComplement`` (Q whole, K's perp inputs, K's gauge inputs
+    complement of ``coordinates.OrthogonalGaugeComplement`` (Q whole, K's perp inputs, K's gauge inputs
     off the gauge: 3600 of 4160 coordinates there), its metric on Q in the preconditioner, and the
     other null directions (few: the symmetric gauge, the scales) regularised in those coordinates.
     Every Gram from the blocks' factors, as in ``_factored_head_kept`` on fewer columns (its
@@ -251,7 +435,7 @@ def _factored_head_orthogonal(
     (maps, w_q, w_k), columns = gauge_part
     if len(fs) != 2:
         return None
-    comp = gauge.orthogonal_complement(maps, w_q, w_k, x)
+    comp = coordinates.orthogonal_complement(maps, w_q, w_k, x)
     if comp is None:
         return None
     d, dim = comp.d, x.shape[1]
@@ -299,7 +483,7 @@ def _gauge_regulariser(
     head for both parts and their addition to the Gram, against ~0.23 s for an orthonormal basis of
     all of them and its rank-578 update. None when the group's projector has no closed form."""
     (_, _, (l_q, in_q, *_)), (_, _, (l_k, in_k, *_)) = t.parts  # [Q | K], each L_b (x) W
-    closed = gauge.GaugeProjector.of(maps[0], maps[1:], (l_q, in_q, l_k, in_k))
+    closed = coordinates.GaugeProjector.of(maps[0], maps[1:], (l_q, in_q, l_k, in_k))
     if closed is None:
         return None
     rest = t.apply_t(null[:, ~columns])
@@ -310,14 +494,14 @@ def _gauge_regulariser(
 
 def _closed_grams(
     fs: list[Factored],
-    closed: gauge.GaugeComplement,
+    closed: coordinates.GaugeComplement,
     w_perps: list[torch.Tensor | None],
     pieces: list[Factored],
     x: torch.Tensor,
 ) -> torch.Tensor:
     """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's factor, a
     piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). When Q has a low-rank correction
-    (nystrom's), a pair of Q's pieces is a congruence of Q's Gram alone (``factored_scopes.block_alone``)
+    (nystrom's), a pair of Q's pieces is a congruence of Q's Gram alone (``coordinates.block_alone``)
     by the pieces' transforms relative to it, O (x) M with M = W^-1 v^T on the input side and O = L_Q^-1
     on the output side: ~(d p)^2 p flops where the correction's Grams take m d (d p)^2 again; a Q piece
     against K's perp piece is Q's side of such a congruence of Q's coordinates alone against it, that
@@ -372,7 +556,7 @@ def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
     combinations of them: a basis built from a wrong structure would not be)."""
     gen = torch.Generator().manual_seed(0)
     v = null @ normal_draws(gen, null.shape[1], probes, dtype=null.dtype, device=null.device)
-    return bool(basis.apply_t(v).norm() <= gauge.GAUGE_RTOL * v.norm())
+    return bool(basis.apply_t(v).norm() <= nullspace.GAUGE_RTOL * v.norm())
 
 
 def _rows_rotated(fs: list[Factored], u: torch.Tensor, d: int) -> torch.Tensor:

@@ -1,0 +1,910 @@
+"""Step 3 of the probe: the problem on the complement of the null space: its coordinates, its
+preconditioner, and its exact rows as an operator.
+
+* **Coordinates** (``Deflation``, ``deflate_columns``). Each block's input side is rotated so that
+  the null directions live in a few input coordinates, and only those are replaced by an
+  orthonormal complement: the blocks keep their Kronecker layout.
+* **The gauge's complement in closed form** (``gauge_complement``). Scores that see queries and
+  keys only through inner products (softmax, nystrom) leave the gauge {(M A, -M^T B)} null
+  (A = W~_Q, B = W~_K, M any d x d). With A_b = U_b S_b Vh_b off the null inputs, the d^2 columns
+  (alpha_ij u^K_j (x) vh^Q_i, beta_ij u^Q_i (x) vh^K_j), alpha_ij = s^K_j / r_ij,
+  beta_ij = s^Q_i / r_ij, r_ij = (s^Q_i^2 + s^K_j^2)^(1/2), are orthonormal and orthogonal to every
+  gauge direction: (alpha_ij s^Q_i - beta_ij s^K_j) u^K_j^T M u^Q_i = 0. Because the gauge is null,
+  the K half of each column moves J as a multiple of its Q half does, so the complement's columns
+  of J are Q's factors transformed by a Kronecker product (``GaugeComplement.factor``).
+  Normalized attention's orthogonal gauge (M antisymmetric) gets a complement that is not
+  orthogonal, its metric in the preconditioner (``OrthogonalGaugeComplement``), or its projector
+  in closed form when regularised (``GaugeProjector``).
+* **Preconditioner** (``Preconditioner``): block diagonal, Kronecker L_b (x) W on each block (W
+  whitens the inputs, L_b the block's output side), triangular or Jacobi on other columns, so that
+  the preconditioned Gram T^T J^T J T is well conditioned and its Cholesky factor keeps every
+  singular value (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., sec. 10.1).
+* **Exact rows** (``DeflatedRows``): J on those coordinates through a family's factors, never
+  formed unless a fallback needs them.
+* **Scopes whose blocks all come as factors** (``factored_scope``, ``factored_kept``): every Gram
+  from the factors (``factored``), each block's preconditioned factors and Gram formed once per
+  probe and shared by the whole head and the block alone (``block_alone``, ``kept_coordinates``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+from lra_cond.conditioning import factored, nullspace
+from lra_cond.conditioning.families.base import Factored
+from lra_cond.conditioning.nullspace import NullStructure
+from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, null_vectors, orthonormal_basis
+
+INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
+
+
+@dataclass
+class GaugeComplement:
+    """An orthonormal basis of the complement of the gauge and the null inputs, per block (q, k):
+    ``perp`` (D', p_b) input directions kept whole, ``rows`` (D', d) the gauge's input directions
+    (Vh_b^T); and the d^2 columns on the latter, (alpha_ij u^K_j (x) e_i, beta_ij u^Q_i (x) e_j)."""
+
+    perp: list[torch.Tensor]
+    rows: list[torch.Tensor]
+    u: tuple[torch.Tensor, torch.Tensor]  # (U_Q, U_K)
+    alpha: torch.Tensor  # (d, d) [i, j]
+    beta: torch.Tensor
+
+    @property
+    def d(self) -> int:
+        return self.alpha.shape[0]
+
+    def comp(self) -> ComplementColumns:
+        """The d^2 columns on the blocks' ``rows`` coordinates (rows (b, c): output b, input
+        ``rows[:, c]``), (2 d^2, d^2), as an operator: never formed (``ComplementColumns``)."""
+        return ComplementColumns(self)
+
+    def factor(self, fs: list[Factored]) -> Factored:
+        """J_Q (U_K (x) Vh_Q^T) (columns (j, i)): the complement's columns of J, up to ``scale``.
+
+        The gauge is null, so J_Q(M^T W~_Q) = J_K(M W~_K) for every M, and on the gauge's input
+        directions (the null inputs' part of W~_b is null too) J_K(u^Q_i (x) vh^K_j) =
+        (s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i): column (i, j) of the complement is
+        (alpha_ij + beta_ij s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i) = J_Q(u^K_j (x) vh^Q_i) / alpha_ij.
+        One block's factor, not two: the complement's Grams with K need K's perp columns only."""
+        return factored.preconditioned(fs[0], self.u[1], self.rows[0])
+
+    def scale(self, m: torch.Tensor) -> torch.Tensor:
+        """M comp from M's products with ``factor``'s columns (n, d^2): reindexed (j, i) -> (i, j)
+        and divided by alpha (``factor``)."""
+        d = self.d
+        return m.reshape(-1, d, d).transpose(1, 2).reshape(m.shape[0], d * d) / self.alpha.reshape(-1)
+
+    def gram(self, g: torch.Tensor) -> torch.Tensor:
+        """comp^T G comp from G, the Gram of ``factor``'s columns (d^2, d^2)."""
+        return self.scale(self.scale(g).T)
+
+
+class ComplementColumns:
+    """``GaugeComplement.comp``'s columns applied through U_Q, U_K and the scales, never formed: on Q's rows
+    coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's beta_ij U_Q[b, i] [c = j],
+    so a product with k columns costs ~4 d^3 k flops where the dense (2 d^2, d^2) matrix reads 2 d^4
+    entries (16.8 MB at d = 32), twice per product of a whole head's exact rows."""
+
+    def __init__(self, complement: GaugeComplement, transposed: bool = False) -> None:
+        self.c, self.transposed = complement, transposed
+        d = complement.d
+        self.shape = (d * d, 2 * d * d) if transposed else (2 * d * d, d * d)
+
+    @property
+    def T(self) -> ComplementColumns:  # noqa: N802 (reads like a tensor's)
+        return ComplementColumns(self.c, not self.transposed)
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        d, k, (u_q, u_k) = self.c.d, v.shape[1], self.c.u
+        if self.transposed:  # [(b, c) on Q | (b, c) on K] -> (i, j)
+            on_q = (u_k.T @ v[: d * d].reshape(d, -1)).view(d, d, k).transpose(0, 1)  # [i, j, k]
+            on_k = (u_q.T @ v[d * d :].reshape(d, -1)).view(d, d, k)  # [i, j, k]
+            return (on_q * self.c.alpha[:, :, None] + on_k * self.c.beta[:, :, None]).reshape(d * d, k)
+        v3 = v.reshape(d, d, k)  # [i, j, k]
+        on_q = u_k @ (v3 * self.c.alpha[:, :, None]).transpose(0, 1).reshape(d, -1)  # [b, (c = i, k)]
+        on_k = u_q @ (v3 * self.c.beta[:, :, None]).reshape(d, -1)  # [b, (c = j, k)]
+        return torch.cat([on_q, on_k]).reshape(2 * d * d, k)
+
+
+def gauge_complement(
+    structure: NullStructure, blocks: list[str], k: int, d: int, dim: int
+) -> GaugeComplement | None:
+    """The closed-form complement for a null space of rank ``k`` over ``blocks``, or None when it
+    does not apply: no gauge, other blocks, a rank other than d^2 + d (t_Q + t_K) (other groups, or
+    directions shared between them), or gauge input directions that (nearly) lie among the null
+    inputs (the caller then deflates the dense basis)."""
+    if structure.gauge is None or blocks != ["q", "k"]:
+        return None
+    like = structure.gauge[0]
+    inputs = [structure.inputs.get(b, like.new_zeros(dim, 0)) for b in blocks]
+    if k != d * d + d * sum(w.shape[1] for w in inputs):
+        return None
+    perps, rows, us, ss = [], [], [], []
+    for w, a in zip(inputs, structure.gauge):
+        a_proj = a - (a @ w) @ w.T
+        u, s, vh = torch.linalg.svd(a_proj, full_matrices=False)
+        if float(s[-1]) <= INDEPENDENT_RTOL * float(s[0]):
+            return None
+        q = torch.linalg.qr(torch.cat([w, vh.T], 1), mode="complete").Q
+        perps.append(q[:, w.shape[1] + d :])
+        rows.append(vh.T)
+        us.append(u)
+        ss.append(s)
+    s_q, s_k = ss
+    r = torch.sqrt(s_q[:, None] ** 2 + s_k[None, :] ** 2)
+    return GaugeComplement(perps, rows, (us[0], us[1]), s_k[None, :] / r, s_q[:, None] / r)
+
+
+@dataclass
+class GaugeProjector:
+    """The orthogonal projector onto span{T^T (M W_Q, -M^T W_K) : M in span(M_i)} for a Kronecker
+    preconditioner T = diag(L_Q (x) W, L_K (x) W) on the [Q | K] coordinates, in closed form.
+
+    With P_b = W_b W and the row-major vec, the map vec(M) -> T^T (M W_Q, -M^T W_K) is
+    Mmap = [L_Q^T (x) P_Q^T ; -(L_K^T (x) P_K^T) Pi] (Pi: vec(M) -> vec(M^T)), so
+    Mmap^T Mmap = L_Q L_Q^T (x) P_Q P_Q^T + P_K P_K^T (x) L_K L_K^T, and the projector onto
+    Mmap S (S: the M_i as columns) is Mmap X Mmap^T, X = S (S^T Mmap^T Mmap S)^-1 S^T (d^2 x d^2):
+    each of its blocks a Kronecker congruence of X (~(d D')^2 (d + D') flops each), where the same
+    projector from an orthonormal basis of Mmap S costs a rank-m update of the (2 d D')^2 Gram
+    (~11 GFLOP at the reference shape, m = 496)."""
+
+    blocks: tuple[torch.Tensor, torch.Tensor]  # (L_Q, L_K), the output sides
+    inputs: tuple[torch.Tensor, torch.Tensor]  # (P_Q, P_K) = (W_Q W, W_K W), (d, D') each
+    x: torch.Tensor  # (d^2, d^2)
+
+    @classmethod
+    def of(
+        cls, maps: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor], t: tuple[torch.Tensor, ...]
+    ) -> GaugeProjector | None:
+        """``maps`` (m, d, d) the M_i, ``w`` (W_Q, W_K), ``t`` (L_Q, W, L_K, W) the preconditioner;
+        None when the M_i's images are not numerically independent (then no closed form)."""
+        l_q, in_q, l_k, in_k = t
+        p_q, p_k = w[0] @ in_q, w[1] @ in_k
+        d = l_q.shape[0]
+        a_q, b_q, a_k, b_k = l_q @ l_q.T, p_q @ p_q.T, l_k @ l_k.T, p_k @ p_k.T
+        # Mmap^T Mmap vec(M) = vec(A_Q M B_Q + B_K M A_K), per M_i: no d^2 x d^2 matrix formed
+        image = (torch.matmul(a_q, maps) @ b_q + torch.matmul(b_k, maps) @ a_k).reshape(-1, d * d)
+        s = maps.reshape(maps.shape[0], d * d)
+        chol, info = torch.linalg.cholesky_ex(s @ image.T)
+        if int(info):
+            return None
+        half = torch.linalg.solve_triangular(chol, s, upper=False)  # X = half^T half
+        return cls((l_q, l_k), (p_q, p_k), half.T @ half)
+
+    @property
+    def d(self) -> int:
+        return self.blocks[0].shape[0]
+
+    def _swap(self, m: torch.Tensor, rows: bool) -> torch.Tensor:
+        """Pi m (``rows``) or m Pi, for the d^2 index (a, e) -> (e, a)."""
+        d = self.d
+        if rows:
+            return m.reshape(d, d, -1).transpose(0, 1).reshape(d * d, -1)
+        return m.reshape(-1, d, d).transpose(1, 2).reshape(m.shape[0], d * d)
+
+    def block(self, i: int, j: int) -> torch.Tensor:
+        """Block (i, j) of the projector (0: Q, 1: K), (d D')^2."""
+        x = self.x
+        if j == 1:
+            x = -self._swap(x, rows=False)
+        if i == 1:
+            x = -self._swap(x, rows=True)
+        d, (l_i, l_j), (p_i, p_j) = self.d, (self.blocks[i], self.blocks[j]), (self.inputs[i], self.inputs[j])
+        # x[(a, e), (a', e')]: the output sides on the d^2 x d^2 matrix first, then each input side
+        # (measured 13 against 19 ms for the congruence's two sides taken in turn)
+        y = torch.matmul(l_j.T, (l_i.T @ x.reshape(d, -1)).reshape(d * d, d, d))  # (i e, i', e')
+        y = torch.matmul(p_i.T, (y.reshape(-1, d) @ p_j).reshape(d, d, -1))  # (i, c, i' c')
+        return y.reshape(d * p_i.shape[1], d * p_j.shape[1])
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        """The projector times v ((2 d D', k), [Q | K])."""
+        n = v.shape[0] // 2
+        d, (l_q, l_k), (p_q, p_k) = self.d, self.blocks, self.inputs
+        u = kron_left(v[:n], l_q.T, p_q.T, d) - self._swap(kron_left(v[n:], l_k.T, p_k.T, d), rows=True)
+        z = self.x @ u
+        return torch.cat([kron_left(z, l_q, p_q, d), -kron_left(self._swap(z, rows=True), l_k, p_k, d)])
+
+
+@dataclass
+class MetricRoot:
+    """The symmetric square root S of M = I - Y C^-1 Y^T (C - Y^T Y positive semidefinite:
+    0 < M <= I) and its inverse, each applied in O(n r) through Y and an r x r core:
+    S^(+-1) = I + Y A_(+-) Y^T, A_(+-) = R^-1 V diag((1 - lam)^(+-1/2) - 1) V^T R^-T, from
+    Y^T Y = R^T R and R C^-1 R^T = V diag(lam) V^T (Y R^-1 V orthonormal: M = I - Y R^-1 V diag(lam)
+    V^T R^-T Y^T)."""
+
+    y: torch.Tensor  # (n, r)
+    plus: torch.Tensor  # (r, r) A_+
+    minus: torch.Tensor  # (r, r) A_-
+    floor: float  # M's smallest eigenvalue, 1 - max lam
+
+    @classmethod
+    def of(cls, y: torch.Tensor, extra: torch.Tensor) -> MetricRoot | None:
+        """C = Y^T Y + ``extra`` (positive semidefinite); None when Y's columns are not independent."""
+        g = gram(y)
+        r, info = torch.linalg.cholesky_ex(g, upper=True)
+        if int(info):
+            return None
+        half = torch.linalg.solve_triangular(torch.linalg.cholesky(g + extra), r.T, upper=False)
+        lam, vecs = torch.linalg.eigh(half.T @ half)  # R C^-1 R^T = half^T half
+        lam = lam.clamp(0.0, 1.0)
+        w = torch.linalg.solve_triangular(r, vecs, upper=True)  # R^-1 V
+        root = torch.sqrt(1 - lam)
+        core = lambda f: (w * f) @ w.T  # noqa: E731
+        return cls(y, core(root - 1), core(1 / root.clamp_min(1e-300) - 1), float(root[-1] ** 2))
+
+    def root(self, v: torch.Tensor) -> torch.Tensor:  # S v
+        return v + matvec(self.y, self.plus @ matvec(self.y.T, v))
+
+    def inverse_root(self, v: torch.Tensor) -> torch.Tensor:  # S^-1 v
+        return v + matvec(self.y, self.minus @ matvec(self.y.T, v))
+
+
+# The metric's smallest eigenvalue below which the complement is not used: the Gram in E's
+# coordinates is ~1/floor as ill-conditioned as in orthonormal ones (measured: normalized attention
+# at its init, floor ~0.1, its Schur-complement Gram off by 2e-4 along the sigma_min vector where
+# the regularised route's was off by 2e-6; both refined on the exact J to the same sigma_min)
+METRIC_FLOOR = 0.05
+
+
+@dataclass
+class OrthogonalGaugeComplement:
+    """Coordinates of a complement of the orthogonal gauge {(M W_Q, M W_K) : M antisymmetric} and
+    the null inputs (every u w^T, w in null(X), in either block), for scores that see q and k only
+    through their directions (normalized attention).
+
+    No orthonormal basis of that complement has Kronecker structure (the gauge rotates Q's output
+    side by M and K's by the same M, whose two sides differ), but a complement that is not
+    orthogonal does: E = [all of Q on the non-null inputs V | K's perp inputs | the part of K's gauge
+    input directions (Vh_K, from A_K = W_K V V^T = U_K S_K Vh_K) off the gauge]. With C' = U_K^T C
+    for K's direction C Vh_K, the gauge's K part is M' S_K (M' antisymmetric), per pair i < j the
+    coordinates (C'_ij, C'_ji) along (s_j, -s_i); the complement keeps (s_i, s_j) / r_ij and the
+    diagonal. E meets the gauge only in Q, so its metric E^T P E (P the orthogonal projector onto
+    the complement of the gauge and the null inputs) is I but on Q's coordinates, where it is
+    M = I - Y_Q (Y_Q^T Y_Q + Y_K^T Y_K)^-1 Y_Q^T (Y_b: the gauge's coordinates in block b). J on
+    the orthogonal complement, in orthonormal coordinates, is then J E M^(-1/2) (J is null on the
+    gauge): its Grams are those of J E, from the blocks' factors, with M^(1/2) in the
+    preconditioner (``Preconditioner.add_kron``)."""
+
+    inputs: torch.Tensor  # V (D', r): the non-null input directions, Q's coordinates (b, c) on them
+    rows: torch.Tensor  # Vh_K^T (D', d)
+    perp: torch.Tensor  # (D', r - d): K's other non-null input directions
+    u: torch.Tensor  # U_K (d, d)
+    s: torch.Tensor  # S_K (d,)
+    metric: MetricRoot  # on Q's coordinates, (d r) row-major
+    first: torch.Tensor  # per complement column: its (i, j) and (j, i) indices among K's d^2
+    second: torch.Tensor
+    a: torch.Tensor  # and their weights s_i / r_ij, s_j / r_ij (diagonal: 1, 0)
+    b: torch.Tensor
+
+    @property
+    def d(self) -> int:
+        return self.u.shape[0]
+
+    @property
+    def n_sym(self) -> int:
+        return self.a.numel()
+
+    def sym(self, m: torch.Tensor) -> torch.Tensor:
+        """M P for M's products with K's gauge coordinates (n, d^2; (i, j): u^K_i (x) vh^K_j)."""
+        return m[:, self.first] * self.a + m[:, self.second] * self.b
+
+    def sym_matrix(self) -> torch.Tensor:
+        """P as a (d^2, n_sym) matrix in K's (b, j) coordinates, output b raw: (U_K (x) I) P."""
+        d = self.d
+        eye = torch.eye(d * d, dtype=self.u.dtype, device=self.u.device)
+        p = self.sym(eye)  # rows (i, j)
+        return (self.u @ p.reshape(d, -1)).reshape(d * d, -1)
+
+    def gauge_part(self, m: torch.Tensor) -> torch.Tensor:
+        """The M (k, d, d) of the gauge elements that clear K's directions C' (k, d, d) of their part
+        along the gauge (on the pairs (s_j, -s_i))."""
+        s = self.s
+        r2 = s[:, None] ** 2 + s[None, :] ** 2
+        mu = (m * s[None, None, :] - m.transpose(1, 2) * s[None, :, None]) / r2  # M'_ij, antisymmetric
+        return self.u @ mu @ self.u.T
+
+    def coordinates(self, dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+        """The coordinates ([Q | K perp | K sym], metric applied) of directions (dq, dk) (k, d, D'),
+        modulo the gauge and the null inputs, as (n, k): what J sees of them."""
+        ck = self.u.T @ (dk @ self.rows)  # C' (k, d, d)
+        m = self.gauge_part(ck)
+        q = ((dq - m @ w_q) @ self.inputs).reshape(dq.shape[0], -1).T
+        sym = self.sym(ck.reshape(dk.shape[0], -1))  # (the gauge element's K part is off P)
+        return torch.cat([self.metric.root(q), (dk @ self.perp).reshape(dk.shape[0], -1).T, sym.T])
+
+
+def orthogonal_complement(
+    maps: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, x: torch.Tensor
+) -> OrthogonalGaugeComplement | None:
+    """The complement for a group whose M_i (m, d, d) span every antisymmetric M (the orthogonal
+    gauge's d (d - 1) / 2), on inputs x (rows); None when the group is another, or the metric
+    nearly singular (``METRIC_FLOOR``)."""
+    d, dim = w_q.shape
+    if maps.shape[0] != d * (d - 1) // 2 or (maps + maps.transpose(1, 2)).norm() > 1e-12 * maps.norm():
+        return None
+    null_in = null_vectors(x, RANK_RTOL)
+    q = torch.linalg.qr(null_in, mode="complete").Q
+    inputs = q[:, null_in.shape[1] :]
+    a_k = w_k @ inputs @ inputs.T
+    u, s, vh = torch.linalg.svd(a_k, full_matrices=False)
+    if float(s[-1]) <= INDEPENDENT_RTOL * float(s[0]):
+        return None
+    rows = vh.T
+    basis = torch.linalg.qr(torch.cat([null_in, rows], 1), mode="complete").Q
+    perp = basis[:, null_in.shape[1] + d :]
+    if not perp.shape[1]:  # every input direction K's own or null (a head as wide as its inputs)
+        return None
+    y_q = (maps @ w_q @ inputs).reshape(maps.shape[0], -1).T.contiguous()  # (d r, m)
+    y_k = (u.T @ maps @ u * s[None, None, :]).reshape(maps.shape[0], -1)  # C' = M' S_K, (m, d^2)
+    metric = MetricRoot.of(y_q, y_k @ y_k.T)
+    if metric is None or metric.floor < METRIC_FLOOR:
+        return None
+    idx_i, idx_j = torch.triu_indices(d, d, device=s.device)
+    r = torch.sqrt(s[idx_i] ** 2 + s[idx_j] ** 2)
+    diag = idx_i == idx_j
+    a = torch.where(diag, 1.0, s[idx_i] / r).to(s.dtype)
+    b = torch.where(diag, 0.0, s[idx_j] / r).to(s.dtype)
+    return OrthogonalGaugeComplement(
+        inputs,
+        rows,
+        perp,
+        u,
+        s,
+        metric,
+        idx_i * d + idx_j,
+        idx_j * d + idx_i,
+        a,
+        b,
+    )
+
+
+class Preconditioner:
+    """Block-diagonal T over a column layout: Kronecker blocks L (x) W (columns (b, c), c over
+    W's size, row-major; optionally after a metric's root, ``add_kron``), dense blocks
+    T = R^{-1} (R upper triangular) and diagonal ones T = diag(1/s) (a Jacobi preconditioner,
+    given as s), in column order."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, int, tuple[torch.Tensor, ...]]] = []  # (kind, size, matrices)
+
+    def add_kron(self, lb: torch.Tensor, w: torch.Tensor, metric: MetricRoot | None = None) -> None:
+        """T = L (x) W; with ``metric``, T = S (L (x) W), S its square root M^(1/2) (symmetric):
+        coordinates whose inner product is M (``OrthogonalGaugeComplement``)."""
+        mats = (lb, w, torch.linalg.inv(lb), torch.linalg.inv(w))
+        n = lb.shape[0] * w.shape[0]
+        self.parts.append(("kron", n, mats) if metric is None else ("kron_metric", n, (*mats, metric)))
+
+    def add_dense(self, r: torch.Tensor) -> None:
+        """R (n, n) upper triangular, or the diagonal s (n,) of a Jacobi preconditioner."""
+        self.parts.append(("dense" if r.dim() == 2 else "diag", r.shape[0], (r,)))
+
+    @property
+    def size(self) -> int:
+        return sum(n for _, n, _ in self.parts)
+
+    def _each(self, v: torch.Tensor, fn) -> torch.Tensor:  # noqa: ANN001
+        out, start = [], 0
+        for kind, n, mats in self.parts:
+            out.append(fn(kind, mats, v[start : start + n]))
+            start += n
+        return torch.cat(out)
+
+    @staticmethod
+    def _kron(lb: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(lb (x) w) v for v (d*p, k): per column, lb @ V @ w^T with V = v reshaped (d, p)."""
+        d, p, k = lb.shape[0], w.shape[0], v.shape[1]
+        tmp = (lb @ v.reshape(d, p * k)).reshape(d, p, k).transpose(0, 1).reshape(p, d * k)
+        return (w @ tmp).reshape(p, d, k).transpose(0, 1).reshape(d * p, k)
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:  # T v
+        def fn(kind, mats, x):  # noqa: ANN001, ANN202
+            if kind == "kron":
+                return self._kron(mats[0], mats[1], x)
+            if kind == "kron_metric":
+                return mats[4].root(self._kron(mats[0], mats[1], x))
+            if kind == "diag":
+                return x / mats[0][:, None]
+            return torch.linalg.solve_triangular(mats[0], x, upper=True)
+
+        return self._each(v, fn)
+
+    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # T^T v
+        def fn(kind, mats, x):  # noqa: ANN001, ANN202
+            if kind == "kron":
+                return self._kron(mats[0].T, mats[1].T, x)
+            if kind == "kron_metric":
+                return self._kron(mats[0].T, mats[1].T, mats[4].root(x))
+            if kind == "diag":
+                return x / mats[0][:, None]
+            return torch.linalg.solve_triangular(mats[0].T, x, upper=False)
+
+        return self._each(v, fn)
+
+    def solve(self, v: torch.Tensor) -> torch.Tensor:  # T^{-1} v
+        def fn(kind, mats, x):  # noqa: ANN001, ANN202
+            if kind == "kron":
+                return self._kron(mats[2], mats[3], x)
+            if kind == "kron_metric":
+                return self._kron(mats[2], mats[3], mats[4].inverse_root(x))
+            return x * mats[0][:, None] if kind == "diag" else matvec(mats[0], x)
+
+        return self._each(v, fn)
+
+    def solve_t(self, v: torch.Tensor) -> torch.Tensor:  # T^{-T} v
+        def fn(kind, mats, x):  # noqa: ANN001, ANN202
+            if kind == "kron":
+                return self._kron(mats[2].T, mats[3].T, x)
+            if kind == "kron_metric":
+                return mats[4].inverse_root(self._kron(mats[2].T, mats[3].T, x))
+            return x * mats[0][:, None] if kind == "diag" else matvec(mats[0].T, x)
+
+        return self._each(v, fn)
+
+    def right(self, a: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """a @ T for a (m, n); a @ T^{-1} with ``inverse``."""
+        out, start = [], 0
+        for kind, n, mats in self.parts:
+            block = a[:, start : start + n]
+            if kind in ("kron", "kron_metric"):
+                lb, w = mats[2:4] if inverse else mats[:2]
+                if kind == "kron_metric" and not inverse:  # a S (L (x) W): S symmetric
+                    block = mats[4].root(block.T).T
+                d, p = lb.shape[0], w.shape[0]
+                tmp = (block.reshape(-1, p) @ w).reshape(-1, d, p)  # input side, then the output side
+                tmp = (lb.T @ tmp).reshape(a.shape[0], n)  # in place: no transposed copies
+                if kind == "kron_metric" and inverse:  # a (L (x) W)^-1 S^-1
+                    tmp = mats[4].inverse_root(tmp.T).T
+                out.append(tmp)
+            elif kind == "diag":  # T = diag(1/s)
+                out.append(block * mats[0] if inverse else block / mats[0])
+            elif inverse:  # T = R^{-1}
+                out.append(block @ mats[0])
+            else:
+                out.append(torch.linalg.solve_triangular(mats[0], block, upper=True, left=False))
+            start += n
+        if not out:  # no parts: a has no columns
+            return a
+        return out[0] if len(out) == 1 else torch.cat(out, 1)
+
+
+def input_whitening(x: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
+    """W = V diag(1/s) V^T from the SVD of the real input rows (null directions scaled by 1/s_max):
+    the Kronecker preconditioner's input side."""
+    _, s, vh = torch.linalg.svd(x, full_matrices=True)
+    full = torch.full((x.shape[1],), float(s[0]), dtype=x.dtype, device=x.device)
+    full[: s.numel()] = torch.where(s > rtol * s[0], s, s[0])
+    return vh.T @ torch.diag(1.0 / full) @ vh
+
+
+def output_whitening(a: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
+    """L with (a reshaped (m, d, p)) contracted over rows and c having unit Gram on b: the
+    Kronecker preconditioner's output side (the inverse Cholesky factor, transposed)."""
+    return factored.inverse_cholesky_t(factored.sum_over_inputs(a, a, d, rows))
+
+
+def dense_whitening(a: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+    """R with a R^{-1} having unit Gram (shifted Cholesky: a preconditioner need not be exact);
+    ``g``: a^T a when the caller has it (e.g. from a family's structure)."""
+    g = gram(a) if g is None else g
+    shift = 1e-10 * float(g.diagonal().mean())
+    eye = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+    return torch.linalg.cholesky_ex(g + shift * eye, upper=True)[0]
+
+
+DENSE_PRECONDITIONER_MAX = 1536  # larger mixed blocks get a diagonal (Jacobi) preconditioner
+
+
+def dense_preconditioner(
+    columns: torch.Tensor, columns_gram: Callable[[], torch.Tensor] | None = None
+) -> torch.Tensor:
+    """R whitening columns without Kronecker structure, or (when there are many) the column norms s
+    of a Jacobi preconditioner diag(1/s) (``Preconditioner.add_dense`` takes either: as a formed
+    diagonal matrix every product with it cost a full triangular solve or GEMM, ~0.14 TFLOP per
+    whitening of the tiny split's 4096 linear-attention columns); ``columns_gram``: their Gram by a
+    family's structure, cheaper than from the columns."""
+    if columns.shape[1] <= DENSE_PRECONDITIONER_MAX:
+        return dense_whitening(columns, None if columns_gram is None else columns_gram())
+    return columns.norm(dim=0).clamp_min(1e-300)
+
+
+def whitened(
+    columns: torch.Tensor,
+    product: Callable[[torch.Tensor], torch.Tensor] | None,
+    columns_gram: Callable[[], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, columns R^-1) for the dense preconditioner R of ``columns``; through ``product`` (M ->
+    columns M by the family's structure) when given: linear attention's statistics apply R^-1 in
+    T d^2 r flops where the triangular solve on the formed columns takes T d r^2 / 2 (~0.05
+    against 0.11 s at the reference shape), and give R's Gram through their own (``columns_gram``:
+    0.06 against 0.14 s)."""
+    r = dense_preconditioner(columns, columns_gram)
+    if r.dim() == 1:  # Jacobi: the columns scaled
+        return r, columns / r
+    if product is None:
+        return r, torch.linalg.solve_triangular(r, columns, upper=True, left=False)
+    eye = torch.eye(r.shape[0], dtype=r.dtype, device=r.device)
+    return r, product(torch.linalg.solve_triangular(r, eye, upper=True))
+
+
+def input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One block's input side split as in ``deflate_columns``: (V_perp, V_par, null directions)."""
+    k = null.shape[1]
+    if not k:
+        return torch.eye(dim, dtype=null.dtype, device=null.device), null.new_zeros(dim, 0), 0
+    v_par, v_perp = nullspace.row_space(null.T.reshape(k * d, dim))
+    return v_perp, v_par, k
+
+
+@dataclass
+class Deflation:
+    """An orthonormal basis B of N^perp in a Kronecker layout: per block, the input side rotated
+    (``perp`` (D', p_b): coordinates free of null directions, kept as they are; ``par`` (D', s_b):
+    the null directions' input span), and ``comp`` (sum_b d s_b, n_c): an orthonormal complement
+    of the null directions inside the par coordinates (a tensor, or an operator with ``shape``,
+    ``@`` and ``.T``: ``ComplementColumns``). Columns: every block's perp coordinates
+    (d x p_b each), then the complement."""
+
+    perp: list[torch.Tensor]
+    par: list[torch.Tensor]
+    comp: torch.Tensor | ComplementColumns
+    d: int
+
+    @property
+    def n(self) -> int:
+        return sum(self.d * p.shape[1] for p in self.perp) + self.comp.shape[1]
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
+        d, k = self.d, v.shape[1]
+        n_perp = sum(d * p.shape[1] for p in self.perp)
+        par = rows_product(self.comp, v[n_perp:])
+        out, col, pcol = [], 0, 0
+        for perp, par_in in zip(self.perp, self.par):
+            wp, ws = d * perp.shape[1], d * par_in.shape[1]
+            block = torch.einsum("cj,ajk->ack", perp, v[col : col + wp].reshape(d, -1, k))
+            block = block + torch.einsum("cj,ajk->ack", par_in, par[pcol : pcol + ws].reshape(d, -1, k))
+            out.append(block.reshape(-1, k))
+            col, pcol = col + wp, pcol + ws
+        return torch.cat(out)
+
+    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # B^T v: full -> deflated coordinates
+        d, k = self.d, v.shape[1]
+        perps, pars, start = [], [], 0
+        for perp, par_in in zip(self.perp, self.par):
+            block = v[start : start + d * perp.shape[0]].reshape(d, perp.shape[0], k)
+            perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
+            pars.append(torch.einsum("cj,ack->ajk", par_in, block).reshape(-1, k))
+            start += d * perp.shape[0]
+        return torch.cat([*perps, rows_product(self.comp.T, torch.cat(pars))])
+
+
+def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
+    """The Deflation of ``null`` (n_blocks d D' x k, the blocks' Kronecker layout)."""
+    size, k = d * dim, null.shape[1]
+    if not k:
+        eye = torch.eye(dim, dtype=null.dtype, device=null.device)
+        return Deflation([eye] * n_blocks, [eye[:, :0]] * n_blocks, null.new_zeros(0, 0), d)
+    perps, pars, null_par = [], [], []
+    for i in range(n_blocks):
+        nb = null[i * size : (i + 1) * size]
+        v_perp, v_par, _ = input_rotation(nb, d, dim)
+        perps.append(v_perp)
+        pars.append(v_par)
+        null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, -1).T)
+    return Deflation(perps, pars, complement(*torch.geqrf(torch.cat(null_par))), d)
+
+
+def complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """The last n - k columns of the Householder Q of a (n, k) matrix's ``geqrf``: an orthonormal
+    basis of its columns' orthogonal complement (Q applied to [0; I]: ~2/3 of forming all of Q)."""
+    n, k = reflectors.shape
+    eye = torch.zeros(n, n - k, dtype=reflectors.dtype, device=reflectors.device)
+    eye[k:] = torch.eye(n - k, dtype=reflectors.dtype, device=reflectors.device)
+    return torch.ormqr(reflectors, tau, eye, left=True, transpose=False)
+
+
+class DeflatedRows:
+    """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
+    B a ``Deflation`` (or ``MetricDeflation``) and D optional dense columns (T d, r_D; only with
+    U = None), as an operator: exact rows without forming them (``dense`` does, for a Householder
+    QR or svdvals). The whole head's rows after the value elimination, a factored block's rows on
+    its deflated coordinates, or factored blocks next to a family's dense columns."""
+
+    def __init__(
+        self,
+        blocks: list[Factored],
+        u: torch.Tensor | None,
+        d: int,
+        basis: Deflation | MetricDeflation,
+        columns: torch.Tensor | None = None,
+    ) -> None:
+        self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
+        extra = 0 if columns is None else columns.shape[1]
+        self.shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n + extra)
+
+    def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        if u is None:
+            return m
+        return (u.T @ m.reshape(u.shape[0], -1)).reshape(u.shape[1] * self.d, -1)
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        n = self.basis.n
+        full = self.basis.apply(v[:n])
+        out, size = None, full.shape[0] // len(self.blocks)
+        for i, b in enumerate(self.blocks):
+            part = factored.apply(b, full[i * size : (i + 1) * size], self.d)
+            out = part if out is None else out + part
+        if self.columns is not None:
+            out = torch.addmm(out, self.columns, v[n:])
+        return self._rotate(out, self.u)
+
+    @property
+    def T(self) -> _Transposed:  # noqa: N802 (reads like a tensor's)
+        return _Transposed(self)
+
+    def dense(self) -> torch.Tensor:
+        rows = self.blocks[0].left.shape[0] * self.d
+        full = torch.cat([self._rotate(b.dense().reshape(rows, -1), self.u) for b in self.blocks], 1)
+        out = self.basis.apply_t(full.T).T
+        return out if self.columns is None else torch.cat([out, self.columns], 1)
+
+
+class _Transposed:
+    def __init__(self, rows: DeflatedRows) -> None:
+        self.rows = rows
+
+    def __matmul__(self, y: torch.Tensor) -> torch.Tensor:
+        u = self.rows.u
+        back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
+        d = self.rows.d
+        out = self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
+        return out if self.rows.columns is None else torch.cat([out, matvec(self.rows.columns.T, back)])
+
+
+class MetricDeflation:
+    """``Deflation`` whose first ``n_q`` coordinates carry a metric M: B = B_0 diag(M^(-1/2), I)
+    (``OrthogonalGaugeComplement``: orthonormal coordinates of J's restriction)."""
+
+    def __init__(self, base: Deflation, metric: MetricRoot, n_q: int) -> None:
+        self.base, self.metric, self.n_q, self.n = base, metric, n_q, base.n
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        return self.base.apply(torch.cat([self.metric.inverse_root(v[: self.n_q]), v[self.n_q :]]))
+
+    def apply_t(self, v: torch.Tensor) -> torch.Tensor:
+        out = self.base.apply_t(v)
+        return torch.cat([self.metric.inverse_root(out[: self.n_q]), out[self.n_q :]])
+
+
+def rows_product(
+    m: torch.Tensor | DeflatedRows | _Transposed | ComplementColumns, v: torch.Tensor
+) -> torch.Tensor:
+    """m @ v for a dense matrix (either layout, ``matvec``) or an operator."""
+    return matvec(m, v) if isinstance(m, torch.Tensor) else m @ v
+
+
+def materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
+    return rows.dense() if isinstance(rows, DeflatedRows) else rows
+
+
+def deflate_columns(
+    rows: list[list[torch.Tensor]], d: int, dim: int, null: torch.Tensor, x: torch.Tensor, dense: int = 0
+) -> tuple[list[torch.Tensor], Preconditioner]:
+    """Restrict the columns of every row matrix to N^perp (exactly, by orthogonal transformations)
+    and build the preconditioner for the result. ``rows[j][i]`` is block i of row matrix j (each
+    (m_j, d * D')); ``null`` is the null basis in the blocks' layout.
+
+    Each block's input side is rotated so that the null directions' components live in its first
+    s_b input coordinates (V_par: the span of their rows); the other coordinates (V_perp) are free
+    of null directions and keep their Kronecker structure. Inside the par coordinates the null
+    space is deflated: by its explicit complement, or by Householder reflectors when it is small.
+    Output columns: every block's V_perp coordinates, then the par complement. With ``dense`` > 0
+    the last matrix of every ``rows[j]`` holds that many extra columns (no Kronecker structure:
+    all of them are par coordinates), and so do the last rows of ``null``."""
+    size, k, n_blocks = d * dim, null.shape[1], len(rows[0]) - (1 if dense else 0)
+    rotations, perp_widths, null_par = [], [], []
+    for i in range(n_blocks):
+        nb = null[i * size : (i + 1) * size]
+        v_perp, v_par, _ = input_rotation(nb, d, dim)
+        rotations.append(torch.cat([v_perp, v_par], 1))
+        perp_widths.append(d * v_perp.shape[1])
+        null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, d * v_par.shape[1]).T)
+    if dense:
+        null_par.append(null[n_blocks * size :])
+    n_par = sum(np_.shape[0] for np_ in null_par)
+    n_c = n_par - k
+    comp = None
+    if n_c and k:
+        reflectors, tau = torch.geqrf(torch.cat(null_par, 0))
+        if 7 * k >= n_par:  # many null directions: the explicit complement, applied as a GEMM
+            comp = complement(reflectors, tau)
+    n_perp = sum(perp_widths)
+    out = []
+    for blocks in rows:
+        m = blocks[0].shape[0]
+        res = blocks[0].new_empty(m, n_perp + n_c)
+        par = blocks[0].new_empty(m, n_par) if n_c else None
+        col = pcol = 0
+        for b, rot, wp in zip(blocks[:n_blocks], rotations, perp_widths):
+            b2 = b.reshape(m * d, dim)  # each side's product lands contiguous: one copy into place
+            res[:, col : col + wp] = (b2 @ rot[:, : wp // d]).view(m, wp)
+            col += wp
+            width = size - wp
+            if par is not None and width:
+                par[:, pcol : pcol + width] = (b2 @ rot[:, wp // d :]).view(m, width)
+                pcol += width
+        if dense and par is not None:
+            par[:, pcol:] = blocks[-1]
+        if par is not None:
+            if comp is not None:
+                res[:, n_perp:] = par @ comp
+            elif k:
+                res[:, n_perp:] = torch.ormqr(reflectors, tau, par, left=False, transpose=False)[:, k:]
+            else:
+                res[:, n_perp:] = par
+        out.append(res)
+    t, col = Preconditioner(), 0
+    for rot, wp in zip(rotations, perp_widths):
+        if wp:
+            p = wp // d
+            t.add_kron(output_whitening(out[0][:, col : col + wp], d), input_whitening(x @ rot[:, :p]))
+            col += wp
+    if n_c:
+        t.add_dense(dense_preconditioner(out[0][:, n_perp:]))
+    return out, t
+
+
+def block_grams(fs1: list[Factored], fs2: list[Factored] | None, like: torch.Tensor) -> torch.Tensor:
+    """[J_1 .. J_n]^T [J'_1 .. J'_m] for factored blocks (any input widths), every pair through the
+    factors; ``fs2`` None: the Gram of ``fs1`` (each off-diagonal pair once)."""
+    sym = fs2 is None
+    fs2 = fs1 if fs2 is None else fs2
+    off1, off2 = ([0, *accumulate(f.left.shape[-1] * f.right.shape[-1] for f in fs)] for fs in (fs1, fs2))
+    g = like.new_empty(off1[-1], off2[-1])
+    for i, fi in enumerate(fs1):
+        rows = slice(off1[i], off1[i + 1])
+        for j in range(i if sym else 0, len(fs2)):
+            cols = slice(off2[j], off2[j + 1])
+            g[rows, cols] = _self_gram(fi) if sym and j == i else factored.cross_gram(fi, fs2[j])
+            if sym and j != i:
+                g[cols, rows] = g[rows, cols].T
+    return g
+
+
+def _self_gram(f: Factored) -> torch.Tensor:
+    """J^T J of a factored block, kept in its cache: the preconditioned factors of a block with
+    every coordinate kept are shared by its scopes (``_kept_factor``), so the whole head and the
+    block alone read the same Gram."""
+    if "self_gram" not in f.cache:
+        f.cache["self_gram"] = factored.cross_gram(f, f)
+    return f.cache["self_gram"]
+
+
+def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> torch.Tensor:
+    """[J_1 .. J_n | D]^T [J_1 .. J_n | D] for factored blocks J_b and optional dense columns D,
+    every block J_b^T J_b' and J_b^T D through the factors."""
+    g = block_grams(pre, None, pre[0].left)
+    if columns is None:
+        return g
+    across = torch.cat([factored.apply_t(f, columns, f.left.shape[-1]) for f in pre])
+    # filled in place: nested cats copied every ~300 MB block twice (0.23 s a head, tiny split)
+    n = g.shape[0]
+    out = g.new_empty(n + columns.shape[1], n + columns.shape[1])
+    out[:n, :n], out[:n, n:], out[n:, :n], out[n:, n:] = g, across, across.T, gram(columns)
+    return out
+
+
+def kept_coordinates(
+    fs: list[Factored], d: int, x: torch.Tensor
+) -> tuple[Preconditioner, list[Factored], Deflation]:
+    """Factored blocks with every coordinate kept: their Kronecker preconditioner L_b (x) W, the
+    preconditioned factors, and the identity ``Deflation`` of their coordinates."""
+    dim = x.shape[1]
+    t, pre = Preconditioner(), []
+    for f in fs:
+        lb, w, p = _kept_factor(f, x)
+        t.add_kron(lb, w)
+        pre.append(p)
+    return t, pre, deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
+
+
+def _kept_factor(f: Factored, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Factored]:
+    """(L_b, W, the factors of J (L_b (x) W)) of a block with every coordinate kept, formed once
+    per probe input (kept in its cache): the whole head and the block alone share them, and with
+    them the block's Gram (``_self_gram``)."""
+    cached = f.cache.get("kept")
+    if cached is None or cached[0] is not x:
+        lb, w = factored.output_side(f), input_whitening(x)
+        f.cache["kept"] = cached = (x, lb, w, factored.preconditioned(f, lb, w))
+    return cached[1:]
+
+
+def factored_kept(
+    fs: list[Factored],
+    columns: torch.Tensor | None,
+    d: int,
+    x: torch.Tensor,
+    product: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    columns_gram: Callable[[], torch.Tensor] | None = None,
+) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor]:
+    """A scope with few null directions (every coordinate kept, the nulls regularised) whose blocks
+    all come as factors, next to optional dense columns (a family's support columns, e.g. linear
+    attention's whole head): its exact rows as an operator, its preconditioner (L_b (x) W per
+    block, R_D for the columns) and the preconditioned Gram from the factors (``_cross_grams``:
+    T d^2 D'^2 per pair of blocks and T d (d + D') r_D against the columns, where the formed rows'
+    Gram costs T d n^2). No cancellation: the same sums as the formed rows' Gram, in another order."""
+    t, pre, identity = kept_coordinates(fs, d, x)
+    scaled = None
+    if columns is not None:
+        r, scaled = whitened(columns, product, columns_gram)
+        t.add_dense(r)
+    rows = [DeflatedRows(fs, None, d, identity, columns)]
+    return rows, t, _cross_grams(pre, scaled)
+
+
+def block_alone(
+    f: Factored, v: torch.Tensor, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, Factored | None, torch.Tensor]:
+    """Block f alone with its input side restricted to ``v`` (D', p orthonormal: the complement of
+    its null inputs): (v, W, the factors of J (L_b (x) v W), their Gram), formed once (kept in its
+    cache): the block's own scope (``factored_scope``) and the whole head's pieces of that block
+    (``routes._closed_grams``) share it. The factors are None once the whole head no longer
+    reads them (``release_whole_head_parts``)."""
+    cached = f.cache.get("alone")
+    if cached is None or cached[0] is not v:
+        w = input_whitening(x @ v)
+        pre = factored.preconditioned(f, factored.output_side(f), v @ w)
+        f.cache["alone"] = (v, w, pre, factored.cross_gram(pre, pre))
+    return f.cache["alone"]
+
+
+def release_whole_head_parts(f: Factored) -> None:
+    """Drop from the cache of a block whose Gram alone its whole head formed or shared
+    (``block_alone``) what only that head reads, once it no longer does (before the
+    head's solve): the correction's products (E^T B, V) and the preconditioned factors of the
+    block alone. The Gram alone, its input side and the output side
+    stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
+    attention's K, are read again by their own scopes). Measured at the reference shape (nystrom,
+    ~100 MB a block; with the head's pieces freed before its solve): peak resident 2.31-2.43 ->
+    1.83-1.90 GB, minor faults 445-483k -> 333-338k per probe, kappa unchanged, time within the
+    noise (six probes each, alternating: 11.8-15.7 against 12.2-14.7 s)."""
+    if "alone" not in f.cache:
+        return
+    f.cache.pop("correction", None)
+    v, w, _, g = f.cache["alone"]
+    f.cache["alone"] = (v, w, None, g)
+
+
+def factored_scope(
+    f: Factored, null: torch.Tensor, d: int, dim: int, x: torch.Tensor
+) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
+    """A single block given as factors: its exact rows (an operator), Kronecker preconditioner and
+    preconditioned Gram formed from the factors (``factored``) and the null directions left to
+    regularise. When every null direction is input-side (u w^T: the par
+    coordinates entirely null) they are deflated by rotating the input side (None left); otherwise
+    the whole block is kept (``factored_kept``) and all of them are returned (an orthonormal basis)."""
+    v_perp, v_par, k = input_rotation(null, d, dim)
+    if k != d * v_par.shape[1]:
+        return (*factored_kept([f], None, d, x), orthonormal_basis(null))
+    # the par input coordinates carry null directions only (J vanishes there), so the output side
+    # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
+    # its input side rotated and whitened, may have been formed for the whole head (``block_alone``)
+    cached = f.cache.get("alone")
+    if cached is not None and cached[0].shape == v_perp.shape and _same_span(cached[0], v_par):
+        v_perp = cached[0]
+    v_perp, w, _, g = block_alone(f, v_perp, x)
+    t = Preconditioner()
+    t.add_kron(factored.output_side(f), w)
+    on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
+    return [DeflatedRows([f], None, d, on_perp)], t, g, None
+
+
+def _same_span(v: torch.Tensor, v_par: torch.Tensor) -> bool:
+    """Whether ``v`` (orthonormal) spans the orthogonal complement of ``v_par`` (sizes checked by
+    the caller)."""
+    return bool((v.T @ v_par).abs().max() <= 1e-12) if v_par.numel() else True
