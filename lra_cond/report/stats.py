@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Float round-off guard: a run whose accuracy equals the target (e.g. every seed identical) reaches it.
-TARGET_TOL = 1e-12
+# A run whose accuracy equals the target reaches it. Accuracies are logged as float32 (k / n held to
+# ~3e-8), so the target, a mean of several, can sit ~1e-8 above a run's equal accuracy; 1e-6 is far
+# below one example of any split (5e-4 on ListOps' 2000).
+TARGET_TOL = 1e-6
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 
