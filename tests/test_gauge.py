@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lra_cond.conditioning import coordinates, jacobian_condition, nullspace
-from lra_cond.conditioning.coordinates import Deflation, MetricDeflation
+from lra_cond.conditioning.coordinates import Deflation
 from lra_cond.conditioning.families import base as jac
 from lra_cond.linalg import null_vectors
 from lra_cond.models.attention import build_attention
@@ -184,50 +184,3 @@ def test_gauge_projector_is_the_projector_onto_its_preconditioned_directions() -
     torch.testing.assert_close(proj.apply(v), q @ (q.T @ v), rtol=0, atol=1e-13)
     twice = torch.cat([maps, maps[:1]])  # one M_i twice: no projector in closed form
     assert coordinates.GaugeProjector.of(twice, (w_q, w_k), (l_q, w_in, l_k, w_in)) is None
-
-
-def test_the_orthogonal_gauge_complement_is_an_isometry_onto_the_null_space_s_complement() -> None:
-    """Normalized attention's complement (``coordinates.OrthogonalGaugeComplement``) is not orthogonal
-    to its gauge, so its coordinates carry a metric: with it, B = E M^(-1/2) projected onto N^perp
-    (N: the rotations (M W_Q, M W_K), M antisymmetric, and every u w^T for w a null input) is an
-    orthonormal basis of all of N^perp, densely; and ``coordinates`` maps any direction to the B
-    coordinates of its part in N^perp (what a J null on N sees of it)."""
-    gen = torch.Generator().manual_seed(1)
-    d, dim, t = 3, 7, 20
-    x = torch.randn(t, dim, generator=gen, dtype=torch.float64)
-    w_null = torch.linalg.qr(torch.randn(dim, 1, generator=gen, dtype=torch.float64)).Q
-    x = x - (x @ w_null) @ w_null.T  # one null input direction
-    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
-    rot = jac.orthogonal_gauge(w_q, w_k)
-    maps = rot["q"] @ torch.linalg.pinv(w_q)
-    comp = coordinates.orthogonal_complement(maps, w_q, w_k, x)
-    assert comp is not None
-    side = jac.rows_equal(w_null, d).reshape(-1, d * dim)
-    zero = torch.zeros_like(side)
-    null = torch.cat(
-        [
-            torch.cat([rot["q"].reshape(-1, d * dim), rot["k"].reshape(-1, d * dim)], 1).T,
-            torch.cat([side, zero], 1).T,
-            torch.cat([zero, side], 1).T,
-        ],
-        1,
-    )
-    k = torch.linalg.matrix_rank(null).item()
-    assert k == d * (d - 1) // 2 + 2 * d
-    project = torch.eye(2 * d * dim, dtype=torch.float64) - null @ torch.linalg.pinv(null)
-    base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
-    b = MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
-    e = b.apply(torch.eye(b.n, dtype=torch.float64))
-    assert e.shape[1] == 2 * d * dim - k
-    on = project @ e
-    torch.testing.assert_close(on.T @ on, torch.eye(e.shape[1], dtype=torch.float64), rtol=0, atol=1e-12)
-    torch.testing.assert_close(
-        b.apply_t(torch.eye(2 * d * dim, dtype=torch.float64)), e.T, rtol=0, atol=1e-14
-    )
-    # any direction's part in N^perp from its coordinates
-    n = torch.randn(2 * d * dim, 4, generator=gen, dtype=torch.float64)
-    dq, dk = n[: d * dim].T.reshape(-1, d, dim), n[d * dim :].T.reshape(-1, d, dim)
-    y = comp.coordinates(dq, dk, w_q)
-    torch.testing.assert_close(project @ (e @ y), project @ n, rtol=0, atol=1e-12)
-    # a group other than all of the rotations has no such complement
-    assert coordinates.orthogonal_complement(maps[:2], w_q, w_k, x) is None

@@ -12,9 +12,8 @@ preconditioner, and its exact rows as an operator.
   gauge direction: (alpha_ij s^Q_i - beta_ij s^K_j) u^K_j^T M u^Q_i = 0. Because the gauge is null,
   the K half of each column moves J as a multiple of its Q half does, so the complement's columns
   of J are Q's factors transformed by a Kronecker product (``GaugeComplement.factor``).
-  Normalized attention's orthogonal gauge (M antisymmetric) gets a complement that is not
-  orthogonal, its metric in the preconditioner (``OrthogonalGaugeComplement``), or its projector
-  in closed form when regularised (``GaugeProjector``).
+  Normalized attention's orthogonal gauge (M antisymmetric) is regularised, its projector in
+  closed form (``GaugeProjector``).
 * **Preconditioner** (``Preconditioner``): block diagonal, Kronecker L_b (x) W on each block (W
   whitens the inputs, L_b the block's output side), triangular or Jacobi on other columns, so that
   the preconditioned Gram T^T J^T J T is well conditioned and its Cholesky factor keeps every
@@ -37,7 +36,7 @@ import torch
 from lra_cond.conditioning import factored, nullspace
 from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.nullspace import NullStructure
-from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, null_vectors, orthonormal_basis
+from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, orthonormal_basis
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
 
@@ -210,175 +209,19 @@ class GaugeProjector:
         return torch.cat([kron_left(z, l_q, p_q, d), -kron_left(self._swap(z, rows=True), l_k, p_k, d)])
 
 
-@dataclass
-class MetricRoot:
-    """The symmetric square root S of M = I - Y C^-1 Y^T (C - Y^T Y positive semidefinite:
-    0 < M <= I) and its inverse, each applied in O(n r) through Y and an r x r core:
-    S^(+-1) = I + Y A_(+-) Y^T, A_(+-) = R^-1 V diag((1 - lam)^(+-1/2) - 1) V^T R^-T, from
-    Y^T Y = R^T R and R C^-1 R^T = V diag(lam) V^T (Y R^-1 V orthonormal: M = I - Y R^-1 V diag(lam)
-    V^T R^-T Y^T)."""
-
-    y: torch.Tensor  # (n, r)
-    plus: torch.Tensor  # (r, r) A_+
-    minus: torch.Tensor  # (r, r) A_-
-    floor: float  # M's smallest eigenvalue, 1 - max lam
-
-    @classmethod
-    def of(cls, y: torch.Tensor, extra: torch.Tensor) -> MetricRoot | None:
-        """C = Y^T Y + ``extra`` (positive semidefinite); None when Y's columns are not independent."""
-        g = gram(y)
-        r, info = torch.linalg.cholesky_ex(g, upper=True)
-        if int(info):
-            return None
-        half = torch.linalg.solve_triangular(torch.linalg.cholesky(g + extra), r.T, upper=False)
-        lam, vecs = torch.linalg.eigh(half.T @ half)  # R C^-1 R^T = half^T half
-        lam = lam.clamp(0.0, 1.0)
-        w = torch.linalg.solve_triangular(r, vecs, upper=True)  # R^-1 V
-        root = torch.sqrt(1 - lam)
-        core = lambda f: (w * f) @ w.T  # noqa: E731
-        return cls(y, core(root - 1), core(1 / root.clamp_min(1e-300) - 1), float(root[-1] ** 2))
-
-    def root(self, v: torch.Tensor) -> torch.Tensor:  # S v
-        return v + matvec(self.y, self.plus @ matvec(self.y.T, v))
-
-    def inverse_root(self, v: torch.Tensor) -> torch.Tensor:  # S^-1 v
-        return v + matvec(self.y, self.minus @ matvec(self.y.T, v))
-
-
-# The metric's smallest eigenvalue below which the complement is not used: the Gram in E's
-# coordinates is ~1/floor as ill-conditioned as in orthonormal ones (measured: normalized attention
-# at its init, floor ~0.1, its Schur-complement Gram off by 2e-4 along the sigma_min vector where
-# the regularised route's was off by 2e-6; both refined on the exact J to the same sigma_min)
-METRIC_FLOOR = 0.05
-
-
-@dataclass
-class OrthogonalGaugeComplement:
-    """Coordinates of a complement of the orthogonal gauge {(M W_Q, M W_K) : M antisymmetric} and
-    the null inputs (every u w^T, w in null(X), in either block), for scores that see q and k only
-    through their directions (normalized attention).
-
-    No orthonormal basis of that complement has Kronecker structure (the gauge rotates Q's output
-    side by M and K's by the same M, whose two sides differ), but a complement that is not
-    orthogonal does: E = [all of Q on the non-null inputs V | K's perp inputs | the part of K's gauge
-    input directions (Vh_K, from A_K = W_K V V^T = U_K S_K Vh_K) off the gauge]. With C' = U_K^T C
-    for K's direction C Vh_K, the gauge's K part is M' S_K (M' antisymmetric), per pair i < j the
-    coordinates (C'_ij, C'_ji) along (s_j, -s_i); the complement keeps (s_i, s_j) / r_ij and the
-    diagonal. E meets the gauge only in Q, so its metric E^T P E (P the orthogonal projector onto
-    the complement of the gauge and the null inputs) is I but on Q's coordinates, where it is
-    M = I - Y_Q (Y_Q^T Y_Q + Y_K^T Y_K)^-1 Y_Q^T (Y_b: the gauge's coordinates in block b). J on
-    the orthogonal complement, in orthonormal coordinates, is then J E M^(-1/2) (J is null on the
-    gauge): its Grams are those of J E, from the blocks' factors, with M^(1/2) in the
-    preconditioner (``Preconditioner.add_kron``)."""
-
-    inputs: torch.Tensor  # V (D', r): the non-null input directions, Q's coordinates (b, c) on them
-    rows: torch.Tensor  # Vh_K^T (D', d)
-    perp: torch.Tensor  # (D', r - d): K's other non-null input directions
-    u: torch.Tensor  # U_K (d, d)
-    s: torch.Tensor  # S_K (d,)
-    metric: MetricRoot  # on Q's coordinates, (d r) row-major
-    first: torch.Tensor  # per complement column: its (i, j) and (j, i) indices among K's d^2
-    second: torch.Tensor
-    a: torch.Tensor  # and their weights s_i / r_ij, s_j / r_ij (diagonal: 1, 0)
-    b: torch.Tensor
-
-    @property
-    def d(self) -> int:
-        return self.u.shape[0]
-
-    @property
-    def n_sym(self) -> int:
-        return self.a.numel()
-
-    def sym(self, m: torch.Tensor) -> torch.Tensor:
-        """M P for M's products with K's gauge coordinates (n, d^2; (i, j): u^K_i (x) vh^K_j)."""
-        return m[:, self.first] * self.a + m[:, self.second] * self.b
-
-    def sym_matrix(self) -> torch.Tensor:
-        """P as a (d^2, n_sym) matrix in K's (b, j) coordinates, output b raw: (U_K (x) I) P."""
-        d = self.d
-        eye = torch.eye(d * d, dtype=self.u.dtype, device=self.u.device)
-        p = self.sym(eye)  # rows (i, j)
-        return (self.u @ p.reshape(d, -1)).reshape(d * d, -1)
-
-    def gauge_part(self, m: torch.Tensor) -> torch.Tensor:
-        """The M (k, d, d) of the gauge elements that clear K's directions C' (k, d, d) of their part
-        along the gauge (on the pairs (s_j, -s_i))."""
-        s = self.s
-        r2 = s[:, None] ** 2 + s[None, :] ** 2
-        mu = (m * s[None, None, :] - m.transpose(1, 2) * s[None, :, None]) / r2  # M'_ij, antisymmetric
-        return self.u @ mu @ self.u.T
-
-    def coordinates(self, dq: torch.Tensor, dk: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
-        """The coordinates ([Q | K perp | K sym], metric applied) of directions (dq, dk) (k, d, D'),
-        modulo the gauge and the null inputs, as (n, k): what J sees of them."""
-        ck = self.u.T @ (dk @ self.rows)  # C' (k, d, d)
-        m = self.gauge_part(ck)
-        q = ((dq - m @ w_q) @ self.inputs).reshape(dq.shape[0], -1).T
-        sym = self.sym(ck.reshape(dk.shape[0], -1))  # (the gauge element's K part is off P)
-        return torch.cat([self.metric.root(q), (dk @ self.perp).reshape(dk.shape[0], -1).T, sym.T])
-
-
-def orthogonal_complement(
-    maps: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, x: torch.Tensor
-) -> OrthogonalGaugeComplement | None:
-    """The complement for a group whose M_i (m, d, d) span every antisymmetric M (the orthogonal
-    gauge's d (d - 1) / 2), on inputs x (rows); None when the group is another, or the metric
-    nearly singular (``METRIC_FLOOR``)."""
-    d, dim = w_q.shape
-    if maps.shape[0] != d * (d - 1) // 2 or (maps + maps.transpose(1, 2)).norm() > 1e-12 * maps.norm():
-        return None
-    null_in = null_vectors(x, RANK_RTOL)
-    q = torch.linalg.qr(null_in, mode="complete").Q
-    inputs = q[:, null_in.shape[1] :]
-    a_k = w_k @ inputs @ inputs.T
-    u, s, vh = torch.linalg.svd(a_k, full_matrices=False)
-    if float(s[-1]) <= INDEPENDENT_RTOL * float(s[0]):
-        return None
-    rows = vh.T
-    basis = torch.linalg.qr(torch.cat([null_in, rows], 1), mode="complete").Q
-    perp = basis[:, null_in.shape[1] + d :]
-    if not perp.shape[1]:  # every input direction K's own or null (a head as wide as its inputs)
-        return None
-    y_q = (maps @ w_q @ inputs).reshape(maps.shape[0], -1).T.contiguous()  # (d r, m)
-    y_k = (u.T @ maps @ u * s[None, None, :]).reshape(maps.shape[0], -1)  # C' = M' S_K, (m, d^2)
-    metric = MetricRoot.of(y_q, y_k @ y_k.T)
-    if metric is None or metric.floor < METRIC_FLOOR:
-        return None
-    idx_i, idx_j = torch.triu_indices(d, d, device=s.device)
-    r = torch.sqrt(s[idx_i] ** 2 + s[idx_j] ** 2)
-    diag = idx_i == idx_j
-    a = torch.where(diag, 1.0, s[idx_i] / r).to(s.dtype)
-    b = torch.where(diag, 0.0, s[idx_j] / r).to(s.dtype)
-    return OrthogonalGaugeComplement(
-        inputs,
-        rows,
-        perp,
-        u,
-        s,
-        metric,
-        idx_i * d + idx_j,
-        idx_j * d + idx_i,
-        a,
-        b,
-    )
-
-
 class Preconditioner:
     """Block-diagonal T over a column layout: Kronecker blocks L (x) W (columns (b, c), c over
-    W's size, row-major; optionally after a metric's root, ``add_kron``), dense blocks
+    W's size, row-major), dense blocks
     T = R^{-1} (R upper triangular) and diagonal ones T = diag(1/s) (a Jacobi preconditioner,
     given as s), in column order."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[str, int, tuple[torch.Tensor, ...]]] = []  # (kind, size, matrices)
 
-    def add_kron(self, lb: torch.Tensor, w: torch.Tensor, metric: MetricRoot | None = None) -> None:
-        """T = L (x) W; with ``metric``, T = S (L (x) W), S its square root M^(1/2) (symmetric):
-        coordinates whose inner product is M (``OrthogonalGaugeComplement``)."""
+    def add_kron(self, lb: torch.Tensor, w: torch.Tensor) -> None:
+        """T = L (x) W."""
         mats = (lb, w, torch.linalg.inv(lb), torch.linalg.inv(w))
-        n = lb.shape[0] * w.shape[0]
-        self.parts.append(("kron", n, mats) if metric is None else ("kron_metric", n, (*mats, metric)))
+        self.parts.append(("kron", lb.shape[0] * w.shape[0], mats))
 
     def add_dense(self, r: torch.Tensor) -> None:
         """R (n, n) upper triangular, or the diagonal s (n,) of a Jacobi preconditioner."""
@@ -406,8 +249,6 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0], mats[1], x)
-            if kind == "kron_metric":
-                return mats[4].root(self._kron(mats[0], mats[1], x))
             if kind == "diag":
                 return x / mats[0][:, None]
             return torch.linalg.solve_triangular(mats[0], x, upper=True)
@@ -418,8 +259,6 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0].T, mats[1].T, x)
-            if kind == "kron_metric":
-                return self._kron(mats[0].T, mats[1].T, mats[4].root(x))
             if kind == "diag":
                 return x / mats[0][:, None]
             return torch.linalg.solve_triangular(mats[0].T, x, upper=False)
@@ -430,8 +269,6 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2], mats[3], x)
-            if kind == "kron_metric":
-                return self._kron(mats[2], mats[3], mats[4].inverse_root(x))
             return x * mats[0][:, None] if kind == "diag" else matvec(mats[0], x)
 
         return self._each(v, fn)
@@ -440,8 +277,6 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2].T, mats[3].T, x)
-            if kind == "kron_metric":
-                return mats[4].inverse_root(self._kron(mats[2].T, mats[3].T, x))
             return x * mats[0][:, None] if kind == "diag" else matvec(mats[0].T, x)
 
         return self._each(v, fn)
@@ -451,15 +286,11 @@ class Preconditioner:
         out, start = [], 0
         for kind, n, mats in self.parts:
             block = a[:, start : start + n]
-            if kind in ("kron", "kron_metric"):
+            if kind == "kron":
                 lb, w = mats[2:4] if inverse else mats[:2]
-                if kind == "kron_metric" and not inverse:  # a S (L (x) W): S symmetric
-                    block = mats[4].root(block.T).T
                 d, p = lb.shape[0], w.shape[0]
                 tmp = (block.reshape(-1, p) @ w).reshape(-1, d, p)  # input side, then the output side
                 tmp = (lb.T @ tmp).reshape(a.shape[0], n)  # in place: no transposed copies
-                if kind == "kron_metric" and inverse:  # a (L (x) W)^-1 S^-1
-                    tmp = mats[4].inverse_root(tmp.T).T
                 out.append(tmp)
             elif kind == "diag":  # T = diag(1/s)
                 out.append(block * mats[0] if inverse else block / mats[0])
@@ -610,7 +441,7 @@ def complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
 
 class DeflatedRows:
     """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
-    B a ``Deflation`` (or ``MetricDeflation``) and D optional dense columns (T d, r_D; only with
+    B a ``Deflation`` and D optional dense columns (T d, r_D; only with
     U = None), as an operator: exact rows without forming them (``dense`` does, for a Householder
     QR or svdvals). The whole head's rows after the value elimination, a factored block's rows on
     its deflated coordinates, or factored blocks next to a family's dense columns."""
@@ -620,7 +451,7 @@ class DeflatedRows:
         blocks: list[Factored],
         u: torch.Tensor | None,
         d: int,
-        basis: Deflation | MetricDeflation,
+        basis: Deflation,
         columns: torch.Tensor | None = None,
     ) -> None:
         self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
@@ -664,21 +495,6 @@ class _Transposed:
         d = self.rows.d
         out = self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
         return out if self.rows.columns is None else torch.cat([out, matvec(self.rows.columns.T, back)])
-
-
-class MetricDeflation:
-    """``Deflation`` whose first ``n_q`` coordinates carry a metric M: B = B_0 diag(M^(-1/2), I)
-    (``OrthogonalGaugeComplement``: orthonormal coordinates of J's restriction)."""
-
-    def __init__(self, base: Deflation, metric: MetricRoot, n_q: int) -> None:
-        self.base, self.metric, self.n_q, self.n = base, metric, n_q, base.n
-
-    def apply(self, v: torch.Tensor) -> torch.Tensor:
-        return self.base.apply(torch.cat([self.metric.inverse_root(v[: self.n_q]), v[self.n_q :]]))
-
-    def apply_t(self, v: torch.Tensor) -> torch.Tensor:
-        out = self.base.apply_t(v)
-        return torch.cat([self.metric.inverse_root(out[: self.n_q]), out[self.n_q :]])
 
 
 def rows_product(

@@ -46,7 +46,6 @@ from lra_cond.conditioning import coordinates, extremes, factored, nullspace
 from lra_cond.conditioning.coordinates import (
     DeflatedRows,
     Deflation,
-    MetricDeflation,
     Preconditioner,
     block_alone,
     block_grams,
@@ -69,7 +68,6 @@ from lra_cond.linalg import (
     kron_right,
     normal_draws,
     orthonormal_basis,
-    orthonormal_columns,
     spectrum_cut,
     svdvals,
 )
@@ -268,10 +266,6 @@ def factored_head(
             closed = None
     if closed is None:
         if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
-            if gauge_part is not None:
-                out = _factored_head_orthogonal(head, gauge_part)
-                if out is not None:
-                    return out
             return _factored_head_kept(head, gauge_part)
         basis = deflation(null, d, dim, n_b)
     t_d, h, coupling = _deflated_schur(head, basis, closed)
@@ -333,7 +327,7 @@ def _deflated_schur(
 
 def _solve_head(
     head: Head,
-    basis: Deflation | MetricDeflation,
+    basis: Deflation,
     t: Preconditioner,
     h: torch.Tensor | BorderedGram,
     coupling: torch.Tensor,
@@ -418,56 +412,6 @@ def _factored_head_kept(
     if gauge_part is not None and [kind for kind, _, _ in t.parts] == ["kron", "kron"]:
         reg = _gauge_regulariser(t, null, *gauge_part)
     return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q, regulariser=reg)
-
-
-def _factored_head_orthogonal(
-    head: Head,
-    gauge_part: GaugePart,
-) -> Extremes | None:
-    """``factored_head`` for a null space holding the orthogonal gauge (normalized attention: 496 of
-    its 578 directions at the reference shape) and the null inputs: both deflated by the
-    complement of ``coordinates.OrthogonalGaugeComplement`` (Q whole, K's perp inputs, K's gauge inputs
-    off the gauge: 3600 of 4160 coordinates there), its metric on Q in the preconditioner, and the
-    other null directions (few: the symmetric gauge, the scales) regularised in those coordinates.
-    Every Gram from the blocks' factors, as in ``_factored_head_kept`` on fewer columns (its
-    Cholesky factor ~2/3 of the cost). None when the groups do not have that form."""
-    fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
-    (maps, w_q, w_k), columns = gauge_part
-    if len(fs) != 2:
-        return None
-    comp = coordinates.orthogonal_complement(maps, w_q, w_k, x)
-    if comp is None:
-        return None
-    d, dim = comp.d, x.shape[1]
-    size = d * dim
-    rest = null[:, ~columns]
-    dq, dk = (rest[i * size : (i + 1) * size].T.reshape(-1, d, dim) for i in range(2))
-    left = orthonormal_columns(comp.coordinates(dq, dk, w_q), norms=rest.norm(dim=0))
-    n_inputs = 2 * d * (dim - comp.inputs.shape[1])
-    if left.shape[1] + n_inputs + maps.shape[0] != null.shape[1]:
-        return None  # other groups, or the null inputs not X's
-    (f_q, f_k), t = fs, Preconditioner()
-    w_in, w_perp = input_whitening(x @ comp.inputs), input_whitening(x @ comp.perp)
-    l_q, l_k = factored.output_side(f_q), factored.output_side(f_k)
-    pieces = [
-        factored.preconditioned(f_q, l_q, comp.inputs @ w_in),
-        factored.preconditioned(f_k, l_k, comp.perp @ w_perp),
-        factored.preconditioned(f_k, comp.u, comp.rows),  # K's gauge inputs, to be reduced by P
-    ]
-    n_o = d * (comp.inputs.shape[1] + comp.perp.shape[1])
-    g = block_grams(pieces, None, x)
-    top = _rows_rotated(pieces, u[:, :r_y], d)
-    top_o, top_s = top[:, :n_o], comp.sym(top[:, n_o:])
-    g_ss = comp.sym(comp.sym(g[n_o:, n_o:]).T)
-    h, r_c = _schur_whitened(g[:n_o, :n_o], comp.sym(g[:n_o, n_o:]), g_ss, top_o, top_s)
-    t.add_kron(l_q, w_in, comp.metric)
-    t.add_kron(l_k, w_perp)
-    t.add_dense(r_c)
-    coupling = torch.cat([top_o, torch.linalg.solve_triangular(r_c, top_s, upper=True, left=False)], 1)
-    base = Deflation([comp.inputs, comp.perp], [comp.inputs[:, :0], comp.rows], comp.sym_matrix(), d)
-    basis = MetricDeflation(base, comp.metric, d * comp.inputs.shape[1])
-    null_q = torch.cat([null.new_zeros(r_y * d, left.shape[1]), left])
-    return _solve_head(head, basis, t, h, coupling, preconditioned=True, null=null_q)
 
 
 def _gauge_regulariser(
