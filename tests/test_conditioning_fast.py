@@ -13,7 +13,7 @@ import torch
 from lra_cond import linalg
 from lra_cond.conditioning import coordinates, extremes, factored, jacobian_condition, nullspace, routes
 from lra_cond.conditioning.coordinates import Preconditioner
-from lra_cond.conditioning.extremes import Bordered, BorderedGram, top_eigenpair
+from lra_cond.conditioning.extremes import top_eigenpair
 from lra_cond.conditioning.linearised import linearise
 from lra_cond.init import apply_init
 from lra_cond.models.attention import ATTENTIONS, build_attention
@@ -247,7 +247,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
 
 def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every Cholesky factor the spectrum routine forms gets random upper-triangular noise of 1e-4
-    of its smallest pivot (a bordered one, ``extremes.Bordered``, in both of its formed blocks)."""
+    of its smallest pivot."""
     real = extremes._triangular
     gen = torch.Generator().manual_seed(0)
 
@@ -256,10 +256,7 @@ def spoil_every_cholesky(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def spoiled(rows, t, use_qr, g=None, reg=None):  # noqa: ANN001, ANN202
         r, route, factored_gram = real(rows, t, use_qr, g, reg)
-        if route == "cholesky" and isinstance(r, Bordered):
-            smallest = r.r_s.diagonal().abs().min().clamp(max=1.0)  # (its other pivots are 1)
-            r = Bordered(r.r_s + noise(r.r_s, smallest).triu(), r.b + noise(r.b, smallest))
-        elif route == "cholesky":
+        if route == "cholesky":
             r = r + noise(r, r.diagonal().abs().min()).triu()
             factored_gram = r.T @ r  # the Gram this factor factors
         return r, route, factored_gram
@@ -427,8 +424,7 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
 
     def spy(rows, t, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         if kwargs.get("refine") and args[0] is not None:  # a whole head's (K's own scope refines too)
-            g = kwargs["g"]  # (a bordered Gram's block is overwritten when it is factored)
-            given.append((rows, t, g.formed() if isinstance(g, BorderedGram) else g.clone()))
+            given.append((rows, t, kwargs["g"].clone()))  # (regularised in place when factored)
         return real(rows, t, *args, **kwargs)
 
     monkeypatch.setattr(extremes, "solve", spy)

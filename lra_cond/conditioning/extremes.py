@@ -2,9 +2,7 @@
 its preconditioned Gram, and their check against the exact J (``solve``).
 
 * **The factor** R with R^T R = G' (``Upper``: Cholesky, or Householder QR of the preconditioned
-  rows, which never squares the condition number; ``Bordered``: a Gram whose leading coordinates
-  are whitened, factored with those first, so that their block of the factor is the identity and
-  only the Schur complement of the rest is factored).
+  rows, which never squares the condition number).
 * **Extremes by block Lanczos** (``top_eigenpair``; Golub & Van Loan, *Matrix Computations*, 4th
   ed., sec. 10.3) on R^T R for sigma_max^2 and on (R^T R)^{-1}, through triangular solves, for
   1/sigma_min^2, so that sigma_min keeps its own relative accuracy. Full reorthogonalisation; every
@@ -137,71 +135,6 @@ class Upper:
         return torch.linalg.solve_triangular(self.r.T, v, upper=False)
 
 
-class Bordered:
-    """R with R^T R = [[S + B B^T, B], [B^T, I]] on coordinates [p | c]: the Cholesky factor of that
-    Gram with the c coordinates first, [[I, B^T], [0, R_S]] (R_S^T R_S = S), its rows in that order
-    (R u = [u_c + B^T u_p; R_S u_p]). A solve reads R_S and B once each, where the formed factor's
-    triangle is (n_p + n_c)^2 / 2."""
-
-    def __init__(self, r_s: torch.Tensor, b: torch.Tensor) -> None:
-        self.r_s, self.b = r_s, b
-        self.like = r_s  # (its dtype and device)
-
-    @property
-    def n(self) -> int:
-        return sum(self.b.shape)
-
-    def apply(self, u: torch.Tensor) -> torch.Tensor:
-        up, uc = u[: self.b.shape[0]], u[self.b.shape[0] :]
-        return torch.cat([uc + matvec(self.b.T, up), matvec(self.r_s, up)])
-
-    def apply_t(self, w: torch.Tensor) -> torch.Tensor:
-        wc, wp = w[: self.b.shape[1]], w[self.b.shape[1] :]
-        return torch.cat([matvec(self.b, wc) + matvec(self.r_s.T, wp), wc])
-
-    def solve(self, y: torch.Tensor) -> torch.Tensor:
-        yc, yp = y[: self.b.shape[1]], y[self.b.shape[1] :]
-        up = torch.linalg.solve_triangular(self.r_s, yp, upper=True)
-        return torch.cat([up, yc - matvec(self.b.T, up)])
-
-    def solve_t(self, v: torch.Tensor) -> torch.Tensor:
-        vp, vc = v[: self.b.shape[0]], v[self.b.shape[0] :]
-        wp = torch.linalg.solve_triangular(self.r_s.T, vp - matvec(self.b, vc), upper=False)
-        return torch.cat([vc, wp])
-
-
-@dataclass
-class BorderedGram:
-    """The Gram [[H, B], [B^T, C]] on coordinates [p | c], C = I when ``cc`` is None: the c
-    coordinates whitened by the Cholesky factor of their own block, exactly (unshifted), so that
-    the identity stands for that block to the factor's backward error, ~eps of the block's norm,
-    below the rounding of the block itself (a Schur complement, formed by cancellation)."""
-
-    h: torch.Tensor  # (n_p, n_p), the caller's: overwritten by its Schur complement in ``factor``
-    b: torch.Tensor  # (n_p, n_c)
-    cc: torch.Tensor | None = None
-
-    def formed(self) -> torch.Tensor:
-        n_p, n_c = self.b.shape
-        g = self.h.new_empty(n_p + n_c, n_p + n_c)
-        g[:n_p, :n_p], g[:n_p, n_p:], g[n_p:, :n_p] = self.h, self.b, self.b.T
-        if self.cc is None:
-            g[n_p:, n_p:] = torch.eye(n_c, dtype=g.dtype, device=g.device)
-        else:
-            g[n_p:, n_p:] = self.cc
-        return g
-
-    def factor(self) -> Bordered | None:
-        """The factor with the c coordinates first (an identity block, ``cc`` None): the Cholesky
-        factor of S = H - B B^T, a Gram and a factor of n_p where the formed Gram's are of
-        n_p + n_c (measured at the reference shape, n_p 2016 and n_c 1024: ~70 against ~210 ms
-        with the c block whitened). None when S is not numerically positive definite."""
-        assert self.cc is None
-        s = gram(self.b.T, add_to=self.h, alpha=-1.0)
-        r_s, info = torch.linalg.cholesky_ex(s, upper=True)
-        return Bordered(r_s, self.b) if int(info) == 0 else None
-
-
 EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
 
@@ -223,13 +156,13 @@ class Extremes:
 @dataclass
 class _Factor:
     """R with R^T R = J^T J on one scope's deflated coordinates: R = [[diag(rv), C], [0, R' T^{-1}]]
-    (the value part optional), R'^T R' = T^T A^T A T (R' formed, or bordered: ``Bordered``).
+    (the value part optional), R'^T R' = T^T A^T A T (R' formed).
     ``rows`` are the exact rows, for checks. With ``null`` (regularised), R^T R = J^T J + N Z N^T:
     every vector is projected off N."""
 
     rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
     c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
-    r: Upper | Bordered  # (n_A, n_A) R' (a formed tensor is taken as upper triangular)
+    r: Upper  # (n_A, n_A) R' (a formed tensor is taken as upper triangular)
     t: Preconditioner
     rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
     route: str
@@ -388,27 +321,18 @@ def _triangular(
     rows: list[torch.Tensor],
     t: Preconditioner,
     use_qr: bool,
-    g: torch.Tensor | BorderedGram | None = None,
+    g: torch.Tensor | None = None,
     reg: Regulariser | None = None,
-) -> tuple[torch.Tensor | Bordered, str, torch.Tensor | None]:
+) -> tuple[torch.Tensor, str, torch.Tensor | None]:
     """R' with R'^T R' = T^T A^T A T + beta P (A the stacked rows, P = ``reg`` the orthogonal projector onto
     T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when the caller formed it
-    from factors; a ``BorderedGram`` factored with its whitened coordinates first, unless regularised or
-    its whitened block is not the identity), or Householder QR of the preconditioned rows stacked on
+    from factors), or Householder QR of the preconditioned rows stacked on
     sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically definite).
-    Also returns the Gram that was factored when formed (None after QR and for a bordered factor). ``g``
+    Also returns the Gram that was factored (None after QR). ``g``
     is regularised in place (a copy of 4160^2 cost ~0.05 s at the reference shape): callers give a Gram of
     their own, never a cached one. On vectors orthogonal to N (all that Lanczos applies it to) the
     regularised Gram acts as the plain one: P T^-1 u = 0 exactly when N^T u = 0."""
     pre = None
-    if not use_qr and isinstance(g, BorderedGram):
-        if reg is None and g.cc is None:
-            bordered = g.factor()
-            if bordered is not None:
-                return bordered, "cholesky", None
-            use_qr = True  # (as a formed Gram's failed Cholesky: its Schur complement is not definite)
-        else:
-            g = g.formed()
     if not use_qr:
         if g is None:
             pre = [t.right(materialised(r)) for r in rows]
@@ -531,7 +455,7 @@ def solve(
     verified: int,
     rtol: float,
     method: str,
-    g: torch.Tensor | BorderedGram | None = None,
+    g: torch.Tensor | None = None,
     null: torch.Tensor | None = None,
     refine: bool = False,
     joint: DeflatedRows | None = None,

@@ -58,7 +58,7 @@ from lra_cond.conditioning.coordinates import (
     release_whole_head_parts,
     whitened,
 )
-from lra_cond.conditioning.extremes import REGULARISE_RATIO, BorderedGram, Extremes, Regulariser
+from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes, Regulariser
 from lra_cond.conditioning.families.base import Factored, ValueBlock
 from lra_cond.conditioning.linearised import HeadJacobian
 from lra_cond.conditioning.nullspace import GaugePart, ScopeNull
@@ -278,7 +278,7 @@ def factored_head(
 
 def _deflated_schur(
     head: Head, basis: Deflation, closed: coordinates.GaugeComplement | None
-) -> tuple[Preconditioner, BorderedGram, torch.Tensor]:
+) -> tuple[Preconditioner, torch.Tensor, torch.Tensor]:
     """``factored_head``'s preconditioner T, the value block's Schur complement (preconditioned,
     on the coordinates ``basis``) and the value coupling C B, from the factors."""
     fs, u, r_y, x = head.fs, head.u, head.r_y, head.x
@@ -329,7 +329,7 @@ def _solve_head(
     head: Head,
     basis: Deflation,
     t: Preconditioner,
-    h: torch.Tensor | BorderedGram,
+    h: torch.Tensor,
     coupling: torch.Tensor,
     preconditioned: bool,
     null: torch.Tensor | None = None,
@@ -365,15 +365,15 @@ def _solve_head(
 
 def _schur_whitened(
     g_pp: torch.Tensor, g_pc: torch.Tensor, g_cc: torch.Tensor, top_p: torch.Tensor, top_c: torch.Tensor
-) -> tuple[BorderedGram, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The value block's Schur complement G - C^T C of a Gram G = [[G_pp, G_pc], [., G_cc]] and
     coupling rows C = [C_p | C_c], its complement part whitened by R_c, the Cholesky factor of its
-    own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows times R_c^-1,
-    bordered (``extremes.BorderedGram``: that block the identity). Where H_cc is not numerically
-    definite, R_c is shifted and H's whitened block formed. ``g_pp`` and ``g_cc`` are overwritten."""
+    own block H_cc = G_cc - C_c^T C_c: (H, R_c), H's complement columns and rows times R_c^-1 (that
+    block the identity). Where H_cc is not numerically definite, R_c is shifted and H's whitened
+    block formed. ``g_pp`` and ``g_cc`` are overwritten."""
     h_cc = gram(top_c, add_to=g_cc, alpha=-1.0)
     r_c, info = torch.linalg.cholesky_ex(h_cc, upper=True)
-    cc = None
+    cc = torch.eye(h_cc.shape[0], dtype=h_cc.dtype, device=h_cc.device)
     if int(info):
         eye = torch.eye(h_cc.shape[0], dtype=h_cc.dtype, device=h_cc.device)
         r_c = torch.linalg.cholesky_ex(h_cc + 1e-10 * float(h_cc.diagonal().mean()) * eye, upper=True)[0]
@@ -384,7 +384,10 @@ def _schur_whitened(
     h_pc = torch.linalg.solve_triangular(
         r_c, torch.addmm(g_pc, top_p.T, top_c, alpha=-1.0), upper=True, left=False
     )
-    return BorderedGram(h_pp, h_pc, cc), r_c
+    n_p, n_c = h_pc.shape
+    h = h_pp.new_empty(n_p + n_c, n_p + n_c)
+    h[:n_p, :n_p], h[:n_p, n_p:], h[n_p:, :n_p], h[n_p:, n_p:] = h_pp, h_pc, h_pc.T, cc
+    return h, r_c
 
 
 def _factored_head_kept(
