@@ -156,31 +156,3 @@ def test_the_closed_form_gives_the_householder_deflation_s_kappa(
     for b in "qkv":  # the whole head takes a block's own pieces from its Gram alone: ~1e-9 apart
         assert closed.per_block[b].kappa == pytest.approx(householder.per_block[b].kappa, rel=1e-8)
         assert closed.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8)
-
-
-def test_gauge_projector_is_the_projector_onto_its_preconditioned_directions() -> None:
-    """The closed-form projector onto T^T (M W_Q, -M^T W_K) over M in span(M_i) (normalized
-    attention's rotations, M antisymmetric) equals Q Q^T from a Householder basis of those
-    directions formed and preconditioned, block by block and applied; dependent M_i have none."""
-    gen = torch.Generator().manual_seed(7)
-    d, dim = 4, 7
-    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
-    l_q, l_k = (torch.randn(d, d, generator=gen, dtype=torch.float64) for _ in range(2))
-    w_in = torch.randn(dim, dim, generator=gen, dtype=torch.float64)
-    rot = jac.orthogonal_gauge(w_q, w_k)
-    maps = nullspace.gauge_maps(rot["q"], rot["k"], w_q, w_k)
-    assert maps is not None and maps.shape == (d * (d - 1) // 2, d, d)
-    proj = coordinates.GaugeProjector.of(maps, (w_q, w_k), (l_q, w_in, l_k, w_in))
-    directions = torch.cat(
-        [
-            torch.kron(l_q, w_in).T @ rot["q"].reshape(len(maps), -1).T,
-            torch.kron(l_k, w_in).T @ rot["k"].reshape(len(maps), -1).T,
-        ]
-    )
-    q = torch.linalg.qr(directions).Q
-    formed = torch.cat([torch.cat([proj.block(i, 0), proj.block(i, 1)], 1) for i in (0, 1)])
-    torch.testing.assert_close(formed, q @ q.T, rtol=0, atol=1e-13)
-    v = torch.randn(2 * d * dim, 3, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(proj.apply(v), q @ (q.T @ v), rtol=0, atol=1e-13)
-    twice = torch.cat([maps, maps[:1]])  # one M_i twice: no projector in closed form
-    assert coordinates.GaugeProjector.of(twice, (w_q, w_k), (l_q, w_in, l_k, w_in)) is None

@@ -12,8 +12,7 @@ preconditioner, and its exact rows as an operator.
   gauge direction: (alpha_ij s^Q_i - beta_ij s^K_j) u^K_j^T M u^Q_i = 0. Because the gauge is null,
   the K half of each column moves J as a multiple of its Q half does, so the complement's columns
   of J are Q's factors transformed by a Kronecker product (``GaugeComplement.factor``).
-  Normalized attention's orthogonal gauge (M antisymmetric) is regularised, its projector in
-  closed form (``GaugeProjector``).
+  Normalized attention's orthogonal gauge (M antisymmetric) is regularised instead.
 * **Preconditioner** (``Preconditioner``): block diagonal, Kronecker L_b (x) W on each block (W
   whitens the inputs, L_b the block's output side), triangular or Jacobi on other columns, so that
   the preconditioned Gram T^T J^T J T is well conditioned and its Cholesky factor keeps every
@@ -36,7 +35,7 @@ import torch
 from lra_cond.conditioning import factored, nullspace
 from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.nullspace import NullStructure
-from lra_cond.linalg import RANK_RTOL, gram, kron_left, matvec, orthonormal_basis
+from lra_cond.linalg import RANK_RTOL, gram, matvec, orthonormal_basis
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
 
@@ -137,76 +136,6 @@ def gauge_complement(
     s_q, s_k = ss
     r = torch.sqrt(s_q[:, None] ** 2 + s_k[None, :] ** 2)
     return GaugeComplement(perps, rows, (us[0], us[1]), s_k[None, :] / r, s_q[:, None] / r)
-
-
-@dataclass
-class GaugeProjector:
-    """The orthogonal projector onto span{T^T (M W_Q, -M^T W_K) : M in span(M_i)} for a Kronecker
-    preconditioner T = diag(L_Q (x) W, L_K (x) W) on the [Q | K] coordinates, in closed form.
-
-    With P_b = W_b W and the row-major vec, the map vec(M) -> T^T (M W_Q, -M^T W_K) is
-    Mmap = [L_Q^T (x) P_Q^T ; -(L_K^T (x) P_K^T) Pi] (Pi: vec(M) -> vec(M^T)), so
-    Mmap^T Mmap = L_Q L_Q^T (x) P_Q P_Q^T + P_K P_K^T (x) L_K L_K^T, and the projector onto
-    Mmap S (S: the M_i as columns) is Mmap X Mmap^T, X = S (S^T Mmap^T Mmap S)^-1 S^T (d^2 x d^2):
-    each of its blocks a Kronecker congruence of X (~(d D')^2 (d + D') flops each), where the same
-    projector from an orthonormal basis of Mmap S costs a rank-m update of the (2 d D')^2 Gram
-    (~11 GFLOP at the reference shape, m = 496)."""
-
-    blocks: tuple[torch.Tensor, torch.Tensor]  # (L_Q, L_K), the output sides
-    inputs: tuple[torch.Tensor, torch.Tensor]  # (P_Q, P_K) = (W_Q W, W_K W), (d, D') each
-    x: torch.Tensor  # (d^2, d^2)
-
-    @classmethod
-    def of(
-        cls, maps: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor], t: tuple[torch.Tensor, ...]
-    ) -> GaugeProjector | None:
-        """``maps`` (m, d, d) the M_i, ``w`` (W_Q, W_K), ``t`` (L_Q, W, L_K, W) the preconditioner;
-        None when the M_i's images are not numerically independent (then no closed form)."""
-        l_q, in_q, l_k, in_k = t
-        p_q, p_k = w[0] @ in_q, w[1] @ in_k
-        d = l_q.shape[0]
-        a_q, b_q, a_k, b_k = l_q @ l_q.T, p_q @ p_q.T, l_k @ l_k.T, p_k @ p_k.T
-        # Mmap^T Mmap vec(M) = vec(A_Q M B_Q + B_K M A_K), per M_i: no d^2 x d^2 matrix formed
-        image = (torch.matmul(a_q, maps) @ b_q + torch.matmul(b_k, maps) @ a_k).reshape(-1, d * d)
-        s = maps.reshape(maps.shape[0], d * d)
-        chol, info = torch.linalg.cholesky_ex(s @ image.T)
-        if int(info):
-            return None
-        half = torch.linalg.solve_triangular(chol, s, upper=False)  # X = half^T half
-        return cls((l_q, l_k), (p_q, p_k), half.T @ half)
-
-    @property
-    def d(self) -> int:
-        return self.blocks[0].shape[0]
-
-    def _swap(self, m: torch.Tensor, rows: bool) -> torch.Tensor:
-        """Pi m (``rows``) or m Pi, for the d^2 index (a, e) -> (e, a)."""
-        d = self.d
-        if rows:
-            return m.reshape(d, d, -1).transpose(0, 1).reshape(d * d, -1)
-        return m.reshape(-1, d, d).transpose(1, 2).reshape(m.shape[0], d * d)
-
-    def block(self, i: int, j: int) -> torch.Tensor:
-        """Block (i, j) of the projector (0: Q, 1: K), (d D')^2."""
-        x = self.x
-        if j == 1:
-            x = -self._swap(x, rows=False)
-        if i == 1:
-            x = -self._swap(x, rows=True)
-        d, (l_i, l_j), (p_i, p_j) = self.d, (self.blocks[i], self.blocks[j]), (self.inputs[i], self.inputs[j])
-        # x[(a, e), (a', e')]: the output sides on the d^2 x d^2 matrix first, then each input side
-        # (measured 13 against 19 ms for the congruence's two sides taken in turn)
-        y = torch.matmul(l_j.T, (l_i.T @ x.reshape(d, -1)).reshape(d * d, d, d))  # (i e, i', e')
-        y = torch.matmul(p_i.T, (y.reshape(-1, d) @ p_j).reshape(d, d, -1))  # (i, c, i' c')
-        return y.reshape(d * p_i.shape[1], d * p_j.shape[1])
-
-    def apply(self, v: torch.Tensor) -> torch.Tensor:
-        """The projector times v ((2 d D', k), [Q | K])."""
-        n = v.shape[0] // 2
-        d, (l_q, l_k), (p_q, p_k) = self.d, self.blocks, self.inputs
-        u = kron_left(v[:n], l_q.T, p_q.T, d) - self._swap(kron_left(v[n:], l_k.T, p_k.T, d), rows=True)
-        z = self.x @ u
-        return torch.cat([kron_left(z, l_q, p_q, d), -kron_left(self._swap(z, rows=True), l_k, p_k, d)])
 
 
 class Preconditioner:

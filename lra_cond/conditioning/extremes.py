@@ -24,11 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import product
 
 import torch
 
-from lra_cond.conditioning import coordinates
 from lra_cond.conditioning.coordinates import (
     DeflatedRows,
     Preconditioner,
@@ -295,26 +293,14 @@ class _Factor:
 
 @dataclass
 class Regulariser:
-    """beta P for a preconditioned Gram, P the orthogonal projector onto T^T N (N the null
-    directions regularised, T the preconditioner): beta Q Q^T for an orthonormal Q (``basis``),
-    plus a part in closed form whose range is orthogonal to Q's (``closed``: a gauge group's
-    projector, ``coordinates.GaugeProjector``, on [Q | K] coordinates), where a rank-m update of the
-    Gram would cost (2 d D')^2 m. ``full``: an orthonormal basis of P's whole range (Householder
+    """beta P for a preconditioned Gram, P = Q Q^T the orthogonal projector onto T^T N (N the null
+    directions regularised, T the preconditioner, Q an orthonormal basis, ``basis``: Householder
     QR's route stacks it as rows)."""
 
     basis: torch.Tensor
-    closed: coordinates.GaugeProjector | None = None
-    full: Callable[[], torch.Tensor] | None = None
 
     def add_to(self, g: torch.Tensor, beta: float) -> torch.Tensor:
-        if self.closed is not None:
-            n = g.shape[0] // 2
-            for i, j in product((0, 1), (0, 1)):  # formed contiguous: no strided adds
-                g[i * n : (i + 1) * n, j * n : (j + 1) * n].add_(self.closed.block(i, j), alpha=beta)
         return gram(self.basis.T, add_to=g, alpha=beta) if self.basis.shape[1] else g
-
-    def range_basis(self) -> torch.Tensor:
-        return self.basis if self.full is None else self.full()
 
 
 def _triangular(
@@ -348,7 +334,7 @@ def _triangular(
     if pre is None:
         pre = [t.right(materialised(r)) for r in rows]
     if reg is not None:
-        q = reg.range_basis()
+        q = reg.basis
         beta = sum(float(p.square().sum()) for p in pre) / q.shape[0]
         pre = [*pre, beta**0.5 * q.T]
     r = torch.linalg.qr(torch.cat(pre) if len(pre) > 1 else pre[0], mode="r").R
@@ -459,19 +445,17 @@ def solve(
     null: torch.Tensor | None = None,
     refine: bool = False,
     joint: DeflatedRows | None = None,
-    regulariser: Regulariser | None = None,
 ) -> Extremes:
     """``value``: (rv, C) of a value part, or (rv, C T, True) (``_Factor.c_preconditioned``).
     ``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
     orthonormal basis of null directions left in the coordinates (regularised in the factor,
-    projected out of every Lanczos and Rayleigh-Ritz vector; ``regulariser``: their regulariser
-    when the caller has it in closed form). ``refine``: ``g`` was formed by
+    projected out of every Lanczos and Rayleigh-Ritz vector). ``refine``: ``g`` was formed by
     cancellation (a Schur complement): take the extremes from the exact J whether or not the check
     fails, and if they do not settle, form the Gram from the exact rows before Householder QR."""
     notes: list[str] = []
     rv, c, *preconditioned = value if value is not None else (None, None)
-    reg = regulariser
-    if reg is None and null is not None:  # its basis need not be orthonormal to working precision
+    reg = None
+    if null is not None:  # its basis need not be orthonormal to working precision
         reg = Regulariser(orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6))
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)

@@ -96,8 +96,6 @@ class NullGroup:
     # group (every u w^T, w in span W_b), or the (W~_Q, W~_K) of the gauge
     input_side: torch.Tensor | None = None
     gauge: tuple[torch.Tensor, torch.Tensor] | None = None
-    # (M_i, W_Q, W_K) when its directions are (M_i W_Q, -M_i^T W_K), any number of them
-    maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -116,14 +114,7 @@ class ScopeNull:
     dense_product: Callable[[torch.Tensor], torch.Tensor] | None = None  # M -> dense @ M, structured
     dense_gram: Callable[[], torch.Tensor] | None = None  # () -> ~dense^T dense, for its preconditioner
     structure: NullStructure | None = None  # every group outside V in closed form (``NullStructure``)
-    # a group of the gauge's form (``NullGroup.maps``) and its columns of ``basis`` (the others and
-    # the group span the null space): its regulariser in closed form (``routes._gauge_regulariser``)
-    gauge_part: GaugePart | None = None
 
-
-# a group of the gauge's form, as its (M_i, W_Q, W_K) (``NullGroup.maps``), and a mask of its
-# columns among a scope's null basis (``ScopeNull.gauge_part``)
-GaugePart = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
 
@@ -185,10 +176,8 @@ def candidates(
                 group.input_side = input_side(parts[next(iter(touched))])
             elif touched == {"q", "k"}:
                 m = gauge_maps(parts["q"], parts["k"], inp.w["q"], inp.w["k"])
-                if m is not None:
-                    group.maps = (m, inp.w["q"], inp.w["k"])
-                    if m.shape[0] == d * d:  # the whole gauge
-                        group.gauge = (inp.w["q"], inp.w["k"])
+                if m is not None and m.shape[0] == d * d:  # the whole gauge
+                    group.gauge = (inp.w["q"], inp.w["k"])
             out[name] = group
     return out
 
@@ -283,36 +272,18 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     supports = [g.directions.abs().amax(1) > 0 for g in groups]
     structure = _structure(groups)
     parts, added = [], [0] * len(groups)
-    columns: dict[int, tuple[int, int]] = {}  # group -> its columns of the basis
-    start = 0
     for members in _row_components(supports):
         rows = torch.stack([supports[i] for i in members]).any(0)
         order = sorted(members, key=lambda i: groups[i].directions.shape[1])
         sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL)
         for i, n in zip(order, added_sorted):
-            added[i], columns[i], start = n, (start, start + n), start + n
+            added[i] = n
         part = like.new_zeros(size, sub.shape[1])
         part[rows] = sub
         parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
     basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-    return ScopeNull(
-        basis, split, structure=structure, gauge_part=_gauge_part(groups, columns, added, basis)
-    ), added
-
-
-def _gauge_part(
-    groups: list[NullGroup], columns: dict[int, tuple[int, int]], added: list[int], basis: torch.Tensor
-) -> GaugePart | None:
-    """The largest group of the gauge's form that entered the basis whole (every direction
-    independent of the others'), and a mask of its columns: its projector has a closed form."""
-    fits = [i for i, g in enumerate(groups) if g.maps is not None and added[i] == g.directions.shape[1]]
-    if not fits:
-        return None
-    i = max(fits, key=lambda j: added[j])
-    mask = torch.zeros(basis.shape[1], dtype=torch.bool, device=basis.device)
-    mask[columns[i][0] : columns[i][1]] = True
-    return groups[i].maps, mask
+    return ScopeNull(basis, split, structure=structure), added
 
 
 def _structure(groups: list[NullGroup]) -> NullStructure | None:

@@ -58,10 +58,10 @@ from lra_cond.conditioning.coordinates import (
     release_whole_head_parts,
     whitened,
 )
-from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes, Regulariser
+from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes
 from lra_cond.conditioning.families.base import Factored, ValueBlock
 from lra_cond.conditioning.linearised import HeadJacobian
-from lra_cond.conditioning.nullspace import GaugePart, ScopeNull
+from lra_cond.conditioning.nullspace import ScopeNull
 from lra_cond.linalg import (
     gram,
     kron_left,
@@ -173,11 +173,8 @@ def head_spectra(
                 closed = None
                 if null.structure is not None:
                     closed = coordinates.gauge_complement(null.structure, a_blocks, null_a.shape[1], d, dim)
-                part = None  # a gauge-form group's columns among null_a ([Q | K] blocks only)
-                if null.gauge_part is not None and a_blocks == ["q", "k"]:
-                    part = (null.gauge_part[0], null.gauge_part[1][~v_part])
                 problem = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
-                out[scope] = factored_head(problem, closed, part)
+                out[scope] = factored_head(problem, closed)
                 continue
             (main, coupling), t = deflate_columns(
                 [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real
@@ -241,7 +238,6 @@ class Head(NamedTuple):
 def factored_head(
     head: Head,
     closed: coordinates.GaugeComplement | None = None,
-    gauge_part: GaugePart | None = None,
 ) -> Extremes:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
@@ -266,7 +262,7 @@ def factored_head(
             closed = None
     if closed is None:
         if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
-            return _factored_head_kept(head, gauge_part)
+            return _factored_head_kept(head)
         basis = deflation(null, d, dim, n_b)
     t_d, h, coupling = _deflated_schur(head, basis, closed)
     # what only the pieces read goes before the solve allocates its own (its Cholesky factor,
@@ -333,13 +329,12 @@ def _solve_head(
     coupling: torch.Tensor,
     preconditioned: bool,
     null: torch.Tensor | None = None,
-    regulariser: Regulariser | None = None,
 ) -> Extremes:
     """The extremes of a whole head from its value block's Schur complement ``h`` (preconditioned
     by ``t`` on the coordinates ``basis``), the value part diag(s_Y) (x) I_d and its ``coupling``
     (C, or C T when ``preconditioned``: ``extremes._Factor.c_preconditioned``); the exact rows through the
-    factors, those of Q_perp and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``,
-    ``regulariser``: null directions left in the coordinates (``extremes.solve``)."""
+    factors, those of Q_perp and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``:
+    null directions left in the coordinates (``extremes.solve``)."""
     fs, u, r_y = head.fs, head.u, head.r_y
     d = fs[0].left.shape[-1]
     rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
@@ -359,7 +354,6 @@ def _solve_head(
         null=null,
         refine=True,
         joint=joint,
-        regulariser=regulariser,
     )
 
 
@@ -390,15 +384,11 @@ def _schur_whitened(
     return h, r_c
 
 
-def _factored_head_kept(
-    head: Head,
-    gauge_part: GaugePart | None = None,
-) -> Extremes:
+def _factored_head_kept(head: Head) -> Extremes:
     """``factored_head`` for a null space without a closed form but with few directions (normalized
     attention's: its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every coordinate keeps its
     Kronecker preconditioner L_b (x) W and the null directions (all outside V) are regularised as in
-    ``coordinates.factored_kept``, a group of the gauge's form (``gauge_part``: its maps and its
-    columns of ``null``) in closed form (``_gauge_regulariser``). The value block's Schur complement T^T
+    ``coordinates.factored_kept``. The value block's Schur complement T^T
     G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their rotated rows, where
     deflating takes a Householder complement and four congruences by it (measured ~1.4 s a head at the
     reference shape)."""
@@ -411,32 +401,7 @@ def _factored_head_kept(
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
-    reg = None  # (None: from an orthonormal basis of all of T^T N, in ``extremes.solve``)
-    if gauge_part is not None and [kind for kind, _, _ in t.parts] == ["kron", "kron"]:
-        reg = _gauge_regulariser(t, null, *gauge_part)
-    return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q, regulariser=reg)
-
-
-def _gauge_regulariser(
-    t: Preconditioner,
-    null: torch.Tensor,
-    maps: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    columns: torch.Tensor,
-) -> Regulariser | None:
-    """The regulariser of ``null`` ([Q | K] coordinates, T Kronecker on each) whose ``columns`` are
-    a group (M_i W_Q, -M_i^T W_K): that group's projector in closed form, the other columns' by an
-    orthonormal basis of their part orthogonal to it (the two ranges together: T^T span(null)).
-    Measured at the reference shape (normalized attention, 496 of 578 null directions): ~0.13 s a
-    head for both parts and their addition to the Gram, against ~0.23 s for an orthonormal basis of
-    all of them and its rank-578 update. None when the group's projector has no closed form."""
-    (_, _, (l_q, in_q, *_)), (_, _, (l_k, in_k, *_)) = t.parts  # [Q | K], each L_b (x) W
-    closed = coordinates.GaugeProjector.of(maps[0], maps[1:], (l_q, in_q, l_k, in_k))
-    if closed is None:
-        return None
-    rest = t.apply_t(null[:, ~columns])
-    for _ in range(2):  # twice is enough: off the group's range to working precision
-        rest = rest - closed.apply(rest)
-    return Regulariser(orthonormal_basis(rest, 1e6), closed, lambda: orthonormal_basis(t.apply_t(null), 1e6))
+    return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q)
 
 
 def _closed_grams(
