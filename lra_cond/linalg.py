@@ -198,11 +198,14 @@ def triangular_condition(r: torch.Tensor, steps: int = 8, block: int = 4, seed: 
     return max(smax / smin, float(diag.max() / diag.min())) if smin > 0 else math.inf
 
 
-def span_union(mats: list[torch.Tensor], rtol: float = 1e-6) -> tuple[torch.Tensor, list[int]]:
+def span_union(
+    mats: list[torch.Tensor], rtol: float = 1e-6, last_independent: bool = False
+) -> tuple[torch.Tensor, list[int]]:
     """A basis of the span of several candidate sets, and how many directions each adds to those
     before it (sets in the given order). Every set but the last is made orthonormal; the last (pass
     the largest) is only projected off the others and kept as it is when independent, which saves
-    its orthonormalisation: callers that need orthonormal columns use ``orthonormal_columns``."""
+    its orthonormalisation: callers that need orthonormal columns use ``orthonormal_columns``.
+    ``last_independent``: the caller has proven that test's outcome (every pivot above rtol)."""
     basis: torch.Tensor | None = None
     added = []
     for i, m in enumerate(mats):
@@ -214,7 +217,7 @@ def span_union(mats: list[torch.Tensor], rtol: float = 1e-6) -> tuple[torch.Tens
                 m = m - basis @ (basis.T @ m)  # independence, which a 1e-16 leftover cannot change)
         if last and m.shape[1]:
             scaled = m / norms.clamp_min(torch.finfo(m.dtype).tiny)
-            independent = _independent(scaled, rtol) is not None
+            independent = last_independent or _independent(scaled, rtol) is not None
             new = scaled if independent else orthonormal_columns(m, rtol, norms)
         else:
             new = orthonormal_columns(m, rtol, norms) if m.shape[1] else m

@@ -91,6 +91,69 @@ def test_a_null_input_among_the_gauge_s_own_is_left_to_the_dense_deflation() -> 
     assert coordinates.gauge_complement(nullspace.NullStructure(None, {}), ["q", "k"], d * d, d, dim) is None
 
 
+def _span_union_pivots(gauge_cols: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """What ``span_union`` tests for the gauge joined after ``other``: each gauge direction's
+    distance to span(other) and the gauge's before it, over its own norm (Cholesky pivots), densely."""
+    q = torch.linalg.qr(other).Q if other.shape[1] else other
+    projected = gauge_cols - q @ (q.T @ gauge_cols)
+    scaled = projected / gauge_cols.norm(dim=0)
+    return torch.linalg.cholesky(scaled.T @ scaled).diagonal()
+
+
+@pytest.mark.parametrize("t_q,t_k,squeeze", [(0, 0, 1.0), (1, 2, 1.0), (2, 1, 1e-3), (2, 2, 1e-6)])
+def test_pivot_bound_is_below_every_pivot_span_union_would_measure(
+    t_q: int, t_k: int, squeeze: float
+) -> None:
+    """``nullspace.pivot_bound`` (which lets ``span_union`` skip its independence test for the gauge) is a
+    lower bound on those pivots, for well- and ill-conditioned W_Q, W_K (row 0 of both squeezed) and
+    any null inputs; the squeeze drives both toward 0 together."""
+    gen = torch.Generator().manual_seed(2)
+    d, dim = 4, 9
+    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    w_q[0] *= squeeze  # with W_K's: L(E_00) = (E_00 W_Q, -E_00 W_K) shrinks (one alone keeps L injective)
+    w_k[0] *= squeeze
+    inputs = [null_vectors(torch.randn(dim - t, dim, generator=gen, dtype=torch.float64)) for t in (t_q, t_k)]
+    basis = _null_basis(w_q, w_k, inputs)
+    pivots = _span_union_pivots(basis[:, : d * d], basis[:, d * d :])
+    bound = nullspace.pivot_bound(
+        nullspace.NullStructure((w_q, w_k), {b: w for b, w in zip("qk", inputs) if w.shape[1]})
+    )
+    assert 0 < bound <= float(pivots.min()) * (1 + 1e-9)
+    assert bound > 0.01 if squeeze == 1.0 else bound < 0.01
+
+
+def test_a_gauge_proven_independent_skips_the_test_with_the_same_null_basis(monkeypatch) -> None:
+    """``_scope_null`` with the gauge's independence proven (``pivot_bound``) skips the Gram test on
+    the gauge's directions and returns exactly what the test would have (same basis, same ranks)."""
+    import lra_cond.linalg as linalg
+    from lra_cond.conditioning.nullspace import _scope_null
+
+    gen = torch.Generator().manual_seed(3)
+    d, dim = 3, 7
+    w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    w = null_vectors(torch.randn(dim - 1, dim, generator=gen, dtype=torch.float64))
+    cols = _null_basis(w_q, w_k, [w])
+    g = jac.gauge(w_q, w_k)
+    unit = nullspace.gauge_maps(g["q"], g["k"], w_q, w_k)
+    assert unit is not None and nullspace.is_unit_basis(unit)
+    groups = [
+        nullspace.NullGroup("gauge", frozenset("qk"), cols[:, : d * d], gauge=(w_q, w_k), unit_gauge=True),
+        nullspace.NullGroup("input_null_q", frozenset("q"), cols[:, d * d :], input_side=w),
+    ]
+    tested = []
+    original = linalg._independent
+    monkeypatch.setattr(
+        linalg, "_independent", lambda m, rtol: tested.append(m.shape[1]) or original(m, rtol)
+    )
+    fast, fast_added = _scope_null(groups, 2 * d * dim, w_q)
+    assert d * d not in tested  # the gauge's test was skipped
+    monkeypatch.setattr(nullspace, "pivot_bound", lambda structure: 0.0)
+    slow, slow_added = _scope_null(groups, 2 * d * dim, w_q)
+    assert d * d in tested  # and taken without the proof
+    assert fast_added == slow_added == [d * d, d]
+    assert torch.equal(fast.basis, slow.basis)
+
+
 def test_groups_are_recognised_only_in_their_closed_form() -> None:
     gen = torch.Generator().manual_seed(1)
     d, dim = 3, 6
@@ -100,6 +163,8 @@ def test_groups_are_recognised_only_in_their_closed_form() -> None:
     mixed = torch.randn(d * d, d * d, generator=gen, dtype=torch.float64)  # another basis of it
     flat = torch.einsum("mn,nbc->mbc", mixed, g["q"]), torch.einsum("mn,nbc->mbc", mixed, g["k"])
     assert nullspace.gauge_maps(*flat, w_q, w_k) is not None
+    assert nullspace.is_unit_basis(nullspace.gauge_maps(g["q"], g["k"], w_q, w_k))
+    assert not nullspace.is_unit_basis(nullspace.gauge_maps(*flat, w_q, w_k))  # a gauge, another basis
     nudged = g["k"] + 1e-6 * torch.randn(g["k"].shape, generator=gen)
     assert nullspace.gauge_maps(g["q"], nudged, w_q, w_k) is None
     assert nullspace.gauge_maps(g["q"], -g["k"], w_q, w_k) is None  # (M W_Q, +M^T W_K): not a gauge

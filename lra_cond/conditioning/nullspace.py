@@ -85,6 +85,33 @@ def gauge_maps(
     return m if bool(fit_q and fit_k) else None
 
 
+def is_unit_basis(m: torch.Tensor) -> bool:
+    """Whether the M_i are the unit matrices E_ac in ``jac.gauge``'s order (index a d + c): an
+    orthonormal set, so each one's distance to the span of the others is 1."""
+    d = m.shape[-1]
+    eye = torch.eye(d * d, dtype=m.dtype, device=m.device).reshape(d * d, d, d)
+    return float((m - eye).norm()) <= 1e-8 * d
+
+
+def pivot_bound(structure: NullStructure) -> float:
+    """A lower bound on what ``linalg.span_union``'s independence test measures for a gauge whose M_i
+    are an orthonormal set (``is_unit_basis``), joined after the null inputs: each direction's
+    distance to the span of the null inputs' directions and of the gauge's before it, over its own
+    norm. The test forms the Gram of those directions (~4160 x 1024 per head at the reference
+    shape); this bound costs four d x D' SVDs (the gain: docs/benchmarks.md).
+
+    The gauge is L(M) = (M A_Q, -M^T A_K), with ||L(M)|| <= hi ||M||, hi^2 = s_max(A_Q)^2 +
+    s_max(A_K)^2. Off the null inputs' {u w^T : w in span W_b} it is (M A'_Q, -M^T A'_K), A'_b =
+    A_b (I - W_b W_b^T), of norm >= lo ||M||, lo^2 = s_min(A'_Q)^2 + s_min(A'_K)^2. So that
+    distance, over the norm, is at least lo / hi times M_i's distance to the span of the others: 1."""
+    lo = hi = 0.0
+    for b, a in zip("qk", structure.gauge or ()):
+        w = structure.inputs.get(b)
+        s_proj = torch.linalg.svdvals(a if w is None else a - (a @ w) @ w.T)
+        lo, hi = lo + float(s_proj[-1]) ** 2, hi + float(torch.linalg.svdvals(a)[0]) ** 2
+    return math.sqrt(lo / hi) if hi > 0 else 0.0
+
+
 @dataclass
 class NullGroup:
     """A verified null group of one head: its name, the blocks it touches, its directions."""
@@ -96,6 +123,7 @@ class NullGroup:
     # group (every u w^T, w in span W_b), or the (W~_Q, W~_K) of the gauge
     input_side: torch.Tensor | None = None
     gauge: tuple[torch.Tensor, torch.Tensor] | None = None
+    unit_gauge: bool = False  # the gauge's M_i are the unit matrices (``is_unit_basis``)
 
 
 @dataclass
@@ -177,7 +205,7 @@ def candidates(
             elif touched == {"q", "k"}:
                 m = gauge_maps(parts["q"], parts["k"], inp.w["q"], inp.w["k"])
                 if m is not None and m.shape[0] == d * d:  # the whole gauge
-                    group.gauge = (inp.w["q"], inp.w["k"])
+                    group.gauge, group.unit_gauge = (inp.w["q"], inp.w["k"]), is_unit_basis(m)
             out[name] = group
     return out
 
@@ -275,7 +303,10 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     for members in _row_components(supports):
         rows = torch.stack([supports[i] for i in members]).any(0)
         order = sorted(members, key=lambda i: groups[i].directions.shape[1])
-        sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL)
+        # the gauge joined last after null inputs alone (``structure``): independent in closed form
+        known = structure is not None and groups[order[-1]].unit_gauge
+        known = known and pivot_bound(structure) > 10 * SPAN_RTOL
+        sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL, known)
         for i, n in zip(order, added_sorted):
             added[i] = n
         part = like.new_zeros(size, sub.shape[1])
