@@ -55,19 +55,6 @@ def normal_draws(
     return torch.randn(*shape, generator=gen, dtype=dtype, device="cpu").to(device)
 
 
-def matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """m @ v for a matrix applied to a few columns, as (v^T m^T)^T where this CPU's BLAS runs that
-    faster (the same sums): from a column-major m (LAPACK's factors, the transpose of a row-major
-    one) m @ v ran ~3x slower (measured at n = 3136, 6 columns: 9.7 against 3.0 ms; a row-major copy
-    costs ~16 products); from a row-major one, at 4 or 8 columns (Lanczos' blocks) 1.5-1.9x
-    (2048 x 2080, 4 columns: 1.7 against 2.9 ms; 2048 x 3040: 2.3 against 4.3), where at 2, 3, 6 or
-    7 it ran 1.1-1.8x slower (a property of the BLAS kernels, measured on a 2-core AMD EPYC)."""
-    col_major = m.stride(0) == 1 and m.stride(1) != 1
-    if col_major or v.shape[-1] in (4, 8):
-        return (v.T @ m.T).T
-    return m @ v
-
-
 def gram(
     a: torch.Tensor, panels: int = 4, add_to: torch.Tensor | None = None, alpha: float = 1.0
 ) -> torch.Tensor:
@@ -189,12 +176,12 @@ def triangular_condition(r: torch.Tensor, steps: int = 8, block: int = 4, seed: 
     hi = normal_draws(gen, r.shape[0], block, dtype=r.dtype, device=r.device)
     lo = hi
     for _ in range(steps):
-        hi = matvec(r.T, matvec(r, hi))
+        hi = r.T @ (r @ hi)
         hi = hi / hi.norm(dim=0)
         lo = torch.linalg.solve_triangular(r, torch.linalg.solve_triangular(r.T, lo, upper=False), upper=True)
         lo = lo / lo.norm(dim=0)
-    smax = float(matvec(r, hi).norm(dim=0).max())
-    smin = float(matvec(r, lo).norm(dim=0).min())  # NaN after an overflow: then not > 0
+    smax = float((r @ hi).norm(dim=0).max())
+    smin = float((r @ lo).norm(dim=0).min())  # NaN after an overflow: then not > 0
     return max(smax / smin, float(diag.max() / diag.min())) if smin > 0 else math.inf
 
 

@@ -606,16 +606,6 @@ def test_scope_null_takes_groups_on_disjoint_rows_apart() -> None:
     torch.testing.assert_close(project(null.basis), project(whole), rtol=0, atol=1e-10)
 
 
-def test_matvec_is_m_v_from_either_layout() -> None:
-    m = torch.randn(40, 30, dtype=torch.float64)
-    col_major = m.T.contiguous().T  # LAPACK's layout
-    assert col_major.stride() == (1, 40)
-    v, y = torch.randn(30, 3, dtype=torch.float64), torch.randn(40, 2, dtype=torch.float64)
-    for mat in (m, col_major):
-        torch.testing.assert_close(linalg.matvec(mat, v), m @ v, rtol=1e-14, atol=1e-14)
-        torch.testing.assert_close(linalg.matvec(mat.T, y), m.T @ y, rtol=1e-14, atol=1e-14)
-
-
 def test_block_lanczos_finds_the_top_eigenpair() -> None:
     values = torch.linspace(1, 2, 400, dtype=torch.float64) ** 6
     basis = torch.linalg.qr(torch.randn(400, 400, dtype=torch.float64)).Q

@@ -35,7 +35,7 @@ import torch
 from lra_cond.conditioning import factored, nullspace
 from lra_cond.conditioning.families.base import Factored
 from lra_cond.conditioning.nullspace import NullStructure
-from lra_cond.linalg import RANK_RTOL, gram, matvec, orthonormal_basis
+from lra_cond.linalg import RANK_RTOL, gram, orthonormal_basis
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
 
@@ -198,7 +198,7 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2], mats[3], x)
-            return x * mats[0][:, None] if kind == "diag" else matvec(mats[0], x)
+            return x * mats[0][:, None] if kind == "diag" else mats[0] @ x
 
         return self._each(v, fn)
 
@@ -206,7 +206,7 @@ class Preconditioner:
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2].T, mats[3].T, x)
-            return x * mats[0][:, None] if kind == "diag" else matvec(mats[0].T, x)
+            return x * mats[0][:, None] if kind == "diag" else mats[0].T @ x
 
         return self._each(v, fn)
 
@@ -322,7 +322,7 @@ class Deflation:
     def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
         d, k = self.d, v.shape[1]
         n_perp = sum(d * p.shape[1] for p in self.perp)
-        par = rows_product(self.comp, v[n_perp:])
+        par = self.comp @ v[n_perp:]
         out, col, pcol = [], 0, 0
         for perp, par_in in zip(self.perp, self.par):
             wp, ws = d * perp.shape[1], d * par_in.shape[1]
@@ -340,7 +340,7 @@ class Deflation:
             perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
             pars.append(torch.einsum("cj,ack->ajk", par_in, block).reshape(-1, k))
             start += d * perp.shape[0]
-        return torch.cat([*perps, rows_product(self.comp.T, torch.cat(pars))])
+        return torch.cat([*perps, self.comp.T @ torch.cat(pars)])
 
 
 def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
@@ -423,14 +423,7 @@ class _Transposed:
         back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
         d = self.rows.d
         out = self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
-        return out if self.rows.columns is None else torch.cat([out, matvec(self.rows.columns.T, back)])
-
-
-def rows_product(
-    m: torch.Tensor | DeflatedRows | _Transposed | ComplementColumns, v: torch.Tensor
-) -> torch.Tensor:
-    """m @ v for a dense matrix (either layout, ``matvec``) or an operator."""
-    return matvec(m, v) if isinstance(m, torch.Tensor) else m @ v
+        return out if self.rows.columns is None else torch.cat([out, self.rows.columns.T @ back])
 
 
 def materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:

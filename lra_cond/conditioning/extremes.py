@@ -32,9 +32,8 @@ from lra_cond.conditioning.coordinates import (
     Preconditioner,
     complement,
     materialised,
-    rows_product,
 )
-from lra_cond.linalg import gram, matvec, normal_draws, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import gram, normal_draws, orthonormal_basis, spectrum_cut, svdvals
 
 Operator = Callable[[torch.Tensor], torch.Tensor]  # (n, p) -> (n, p)
 
@@ -121,10 +120,10 @@ class Upper:
         return self.r.shape[0]
 
     def apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
-        return matvec(self.r, u)
+        return self.r @ u
 
     def apply_t(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
-        return matvec(self.r.T, w)
+        return self.r.T @ w
 
     def solve(self, y: torch.Tensor) -> torch.Tensor:  # R^-1 y
         return torch.linalg.solve_triangular(self.r, y, upper=True)
@@ -176,14 +175,12 @@ class _Factor:
         if isinstance(self.r, torch.Tensor):
             self.r = Upper(self.r)
 
-    # LAPACK returns R (and QR's Q) column-major: every product with a few columns goes through
-    # ``matvec``, which reads either layout at row-major speed without a copy
     def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
-        out = matvec(self.c.T, y)
+        out = self.c.T @ y
         return self.t.solve_t(out) if self.c_preconditioned else out
 
     def _c(self, u: torch.Tensor) -> torch.Tensor:  # C u
-        return matvec(self.c, self.t.solve(u) if self.c_preconditioned else u)
+        return self.c @ (self.t.solve(u) if self.c_preconditioned else u)
 
     def coupling(self) -> torch.Tensor | None:
         """C formed."""
@@ -191,7 +188,7 @@ class _Factor:
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
-        return u if self.null is None else u - matvec(self.null, matvec(self.null.T, u))
+        return u if self.null is None else u - self.null @ (self.null.T @ u)
 
     def value_cluster(self) -> torch.Tensor | None:
         """The value coordinates of Y's largest singular value (d of them, s_Y (x) I_d), as unit
@@ -222,7 +219,7 @@ class _Factor:
             return self.rt_apply(self.r_apply(u))
         # R^T R u with R'^T R' = G': one pass over G' where R' and R'^T take two
         ua = u[self.n_v :]
-        low = self.t.solve_t(matvec(self.gram, self.t.solve(ua)))
+        low = self.t.solve_t(self.gram @ self.t.solve(ua))
         if self.rv is None:
             return low
         top = self.rv[:, None] * u[: self.n_v] + self._c(ua)
@@ -256,7 +253,7 @@ class _Factor:
             out = self.joint @ ua
             out[: self.n_v] += self.rv[:, None] * u[: self.n_v]
             return out
-        low = [rows_product(rows, ua) for rows in self.rows]
+        low = [rows @ ua for rows in self.rows]
         if self.rv is not None:
             low.insert(0, self.rv[:, None] * u[: self.n_v] + self._c(ua))
         return torch.cat(low)
@@ -267,7 +264,7 @@ class _Factor:
             return torch.cat([self.rv[:, None] * y[: self.n_v], self.joint.T @ y])
         start, out = self.n_v, None
         for rows in self.rows:
-            part = rows_product(rows.T, y[start : start + rows.shape[0]])
+            part = rows.T @ y[start : start + rows.shape[0]]
             out = part if out is None else out + part
             start += rows.shape[0]
         if self.rv is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from lra_cond.conditioning.families.base import Factored, Mixing, TokenMixing
-from lra_cond.linalg import kron_right, matvec
+from lra_cond.linalg import kron_right
 
 
 def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
@@ -183,7 +183,7 @@ def apply(f: Factored, v: torch.Tensor, d: int) -> torch.Tensor:
         out = (f.right @ w).reshape(t * d, k)
     if f.low_rank is not None:
         mix, z = f.low_rank
-        out = out + mix.apply(matvec(z.reshape(z.shape[0], -1), v))
+        out = out + mix.apply(z.reshape(z.shape[0], -1) @ v)
     return out
 
 
@@ -196,6 +196,6 @@ def apply_t(f: Factored, y: torch.Tensor, d: int) -> torch.Tensor:
     else:
         out = torch.einsum("ib,ick->bck", f.left, f.right.transpose(1, 2) @ y3).reshape(-1, k)
     if f.low_rank is not None:
-        mix, z = f.low_rank  # Z^T through ``matvec``: ~5x faster than from Z's transposed view
-        out = out + matvec(z.reshape(z.shape[0], -1).T, mix.apply_t(y))
+        mix, z = f.low_rank
+        out = out + z.reshape(z.shape[0], -1).T @ mix.apply_t(y)
     return out

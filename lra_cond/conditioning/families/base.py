@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lra_cond.linalg import matvec, null_vectors
+from lra_cond.linalg import null_vectors
 from lra_cond.models.attention.base import Attention
 
 BLOCKS = ("q", "k", "v")
@@ -154,7 +154,7 @@ class DenseMixing:
         return self.flat @ m
 
     def apply_t(self, y: torch.Tensor) -> torch.Tensor:  # E^T y, y (T d, k) -> (r, k)
-        return matvec(self.flat.T, y)
+        return self.flat.T @ y
 
     def rotated(self, u: torch.Tensor) -> DenseMixing:  # (U^T (x) I_d) E, U (T, r_u)
         t, d = self.e.shape[:2]
