@@ -314,6 +314,54 @@ def test_a_verified_group_above_the_cut_is_not_deflated(monkeypatch: pytest.Monk
     assert res.kappa == pytest.approx(dense.kappa, rel=1e-9) and res.n_null == dense.n_null
 
 
+def test_a_group_inside_the_span_of_others_does_not_bound_the_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verified group that adds no direction to the deflated basis (it lies within SPAN_RTOL of the
+    span of the groups before it, as linear's feature gauge does of Q's null inputs) is not deflated,
+    so its own gain, here 1e-11 sigma_max from a less exact basis, must not send the scope to
+    svdvals: kappa and n_null still equal the dense reference's, from the fast path."""
+    from lra_cond.conditioning import nullspace
+    from lra_cond.conditioning.linearised import linearise
+
+    torch.manual_seed(6)
+    layer = build_attention("softmax", 8, 2)
+    x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))
+    probe = linearise(layer, x, None, "qkv")
+    tilts = []  # per head: a genuine direction scaled to gain 1e-11 sigma_max
+    for h in range(2):
+        _, s, vh = torch.linalg.svd(probe.head_jacobian(h), full_matrices=True)
+        genuine = int((s > 1e-13 * s[0]).sum())
+        tilts.append(1e-11 * float(s[0] / s[genuine - 1]) * vh[genuine - 1])
+
+    class Redundant(SoftmaxJacobian):  # a test double, not registered
+        def symmetries(self, inp):  # noqa: ANN001, ANN201
+            groups = super().symmetries(inp)
+            if inp.blocks == ("q", "k", "v"):  # the key shifts again, one of them tilted
+                shifts = groups["key_shift"]["k"]
+                v = torch.zeros(3, *shifts.shape, dtype=shifts.dtype)
+                v[1] = shifts
+                v[:, 0] += float(shifts[0].norm()) * tilts[inp.h].reshape(3, inp.d, inp.dim)
+                groups["redundant"] = {b: v[i] for i, b in enumerate("qkv")}
+            return groups
+
+    gains: dict[str, float] = {}
+    verified = nullspace.verified_groups
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        kept, found = verified(*args, **kwargs)
+        gains.update(found)
+        return kept, found
+
+    dense = jacobian_condition(layer, x, method="dense", per_block=False)
+    monkeypatch.setitem(FAMILY_JACOBIANS, "softmax", Redundant)
+    monkeypatch.setattr(nullspace, "verified_groups", spy)
+    res = jacobian_condition(layer, x, per_block=False)
+    assert gains["redundant"] > 1e-13 * res.sigma_max  # it passed the check, above the cut
+    assert "redundant" not in res.null_groups  # and added no direction
+    assert not any("svdvals" in n for n in res.notes)
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-9) and res.n_null == dense.n_null
+    assert res.null_gain < 1e-13 * res.sigma_max
+
+
 def test_probe_too_small_says_so() -> None:
     layer = build_attention("softmax", 8, 2)
     res = jacobian_condition(layer, torch.randn(2, 11, 8))  # 22 tokens < 3 * (8 + 1)

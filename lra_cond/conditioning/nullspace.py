@@ -444,12 +444,16 @@ def scope_nulls(
         return v if reduced[h] is None else reduced[h].coordinates(v)
 
     groups, gains = verified_groups(replace(probe, blocks=sb), sb, w0, apply, transform=transform)
-    null_gain = max(gains.values(), default=0.0)
+    null_gain = 0.0
     nulls = []
     for h in heads:
         red = reduced[h]
         width = len(sb) * size if red is None else red.n_kron + red.dense.shape[1]
         null, added = _scope_null(groups[h], width, probe.x)
+        # only a group that adds directions to the basis is deflated: one inside the span of those
+        # before it (linear's feature gauge inside Q's null inputs) is not, and its own rounding
+        # (its basis is formed less exactly) bounds nothing the cut excludes
+        null_gain = max([null_gain, *(gains[g.name] for g, n in zip(groups[h], added) if n)])
         if red is not None:
             off_gain = red.verified()
             if off_gain is None:
