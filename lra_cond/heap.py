@@ -1,12 +1,11 @@
 """Large blocks kept in the process while a condition-number probe runs (glibc only).
 
 glibc serves an allocation above its mmap threshold (at most 32 MB: a probe's Gram matrices,
-factors and couplings are 50-75 MB each at the reference shape) that its free memory cannot hold
-with a fresh mapping, and unmaps it when freed, so the next one page-faults its way in again: ~1.1
-million minor faults in one softmax probe at the reference shape (4.4 GB of freshly zeroed pages,
-measured). While the probe
-runs, mapping is off (``M_MMAP_MAX`` 0): freed blocks stay in the heap and are reused. Afterwards
-it is on again, and ``malloc_trim`` hands the probe's free memory back to the system.
+factors and couplings are larger) that its free memory cannot hold with a fresh mapping, and
+unmaps it when freed, so the next one page-faults its way in again, onto freshly zeroed pages
+(docs/benchmarks.md, "Speed paths in the probe"). While the probe runs, mapping is off
+(``M_MMAP_MAX`` 0): freed blocks stay in the heap and are reused. Afterwards it is on again, and
+``malloc_trim`` hands the probe's free memory back to the system.
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ def release_free_memory() -> None:
     """Hand the process's free heap memory back to the system (glibc's ``malloc_trim(0)``, which
     also releases free pages inside the heap, not only at its top). Training allocates blocks of
     many sizes (each batch's length groups differ), which glibc keeps after they are freed: a
-    ListOps fit's resident size grew from 2.2 to 3.1 GB over 150 steps without it and stayed at
-    0.8 GB between validations with it (docs/benchmarks.md)."""
+    long fit's resident size keeps growing without it (docs/benchmarks.md, "Resident memory of a
+    long fit")."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

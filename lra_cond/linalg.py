@@ -16,8 +16,8 @@ RANK_RTOL = 1e-10
 def svdvals(m: torch.Tensor) -> torch.Tensor:
     """``torch.linalg.svdvals``, on the wide orientation of ``m`` (same values, descending).
 
-    Torch's CPU LAPACK path is ~15x slower on tall matrices than on their transpose (measured
-    28 s vs 1.6 s on a 2048 x 1536 float64 matrix).
+    Torch's CPU LAPACK path is much slower on a tall matrix than on its transpose
+    (docs/benchmarks.md, "Speed paths in the probe").
     """
     return torch.linalg.svdvals(m.mT if m.shape[-2] > m.shape[-1] else m)
 
@@ -30,8 +30,8 @@ FULL_ROW_RANK_KAPPA = 1e6
 def null_vectors(m: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
     """Orthonormal basis (cols x z) of {w : m w = 0}, at relative tolerance ``rtol`` on the singular
     values, exact to working precision (these directions are deflated): for a wide m of certified
-    full row rank, the complement of its row space by a complete Householder QR of m^T (measured 9
-    against 65 ms for normalized attention's 512 x 529 symmetric-gauge system), else a full SVD."""
+    full row rank, the complement of its row space by a complete Householder QR of m^T (fewer
+    flops than the SVD), else a full SVD."""
     rows, cols = m.shape
     if rows == 0:
         return torch.eye(cols, dtype=m.dtype, device=m.device)
@@ -59,10 +59,9 @@ def gram(
     a: torch.Tensor, panels: int = 4, add_to: torch.Tensor | None = None, alpha: float = 1.0
 ) -> torch.Tensor:
     """a^T a, computing each off-diagonal panel once (~60% of a full GEMM's flops; a diagonal panel
-    of 1024 columns or more the same way in two: ~56%, measured 5-8% faster at 2080 x 4160 and
-    2048 x 3040); panels at least 384 columns wide (narrower ones ran slower: 2048 x 1024 in four
-    panels 59 ms, in two 45); with ``add_to``, ``add_to + alpha a^T a`` in place (a symmetric
-    ``add_to``)."""
+    of 1024 columns or more the same way in two: ~56%); panels at least 384 columns wide
+    (narrower ones did not pay: docs/benchmarks.md, "Speed paths in the probe"); with ``add_to``,
+    ``add_to + alpha a^T a`` in place (a symmetric ``add_to``)."""
     n = a.shape[1]
     panels = max(1, min(panels, n // 384))
     if n < 512:
@@ -102,7 +101,7 @@ def kron_right(
 ) -> torch.Tensor:
     """A (O (x) M) for A (n, d p) in the (b, c) column layout, O (d, d) (None: the identity) and
     M (p, p'), as two GEMMs; with O, over chunks of ``rows`` rows, each product's result still in
-    cache for the next (measured at 2048 x 2080 -> 2048 x 2048: 28 against 37 ms whole)."""
+    cache for the next."""
     n, p2 = a.shape[0], m.shape[1]
     if o is None:
         return (a.reshape(n, d, m.shape[0]) @ m).reshape(n, d * p2)
@@ -153,8 +152,8 @@ def orthonormal_columns(
 def orthonormal_basis(m: torch.Tensor, max_condition: float = 1e3) -> torch.Tensor:
     """An orthonormal basis of span(m) for m of full column rank, orthonormal to ~eps kappa(m)^2:
     one Cholesky-QR pass (m R^-1, R^T R = m^T m) when R's estimated condition number is at most
-    ``max_condition``, else Householder QR, which costs ~twice as much on CPU (measured 0.11 against
-    0.06 s for a 4160 x 578 basis). The default keeps the columns orthonormal to ~1e-10; a
+    ``max_condition``, else Householder QR (about twice the flops, its Q formed). The default keeps
+    the columns orthonormal to ~1e-10; a
     regulariser's basis, which only needs singular values near 1, can take more."""
     if not m.shape[1]:
         return m

@@ -86,7 +86,7 @@ class ComplementColumns:
     """``GaugeComplement.comp``'s columns applied through U_Q, U_K and the scales, never formed: on Q's rows
     coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's beta_ij U_Q[b, i] [c = j],
     so a product with k columns costs ~4 d^3 k flops where the dense (2 d^2, d^2) matrix reads 2 d^4
-    entries (16.8 MB at d = 32), twice per product of a whole head's exact rows."""
+    entries, twice per product of a whole head's exact rows."""
 
     def __init__(self, complement: GaugeComplement, transposed: bool = False) -> None:
         self.c, self.transposed = complement, transposed
@@ -280,9 +280,8 @@ def whitened(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(R, columns R^-1) for the dense preconditioner R of ``columns``; through ``product`` (M ->
     columns M by the family's structure) when given: linear attention's statistics apply R^-1 in
-    T d^2 r flops where the triangular solve on the formed columns takes T d r^2 / 2 (~0.05
-    against 0.11 s at the reference shape), and give R's Gram through their own (``columns_gram``:
-    0.06 against 0.14 s)."""
+    T d^2 r flops where the triangular solve on the formed columns takes T d r^2 / 2, and give R's
+    Gram through their own (``columns_gram``)."""
     r = dense_preconditioner(columns, columns_gram)
     if r.dim() == 1:  # Jacobi: the columns scaled
         return r, columns / r
@@ -530,7 +529,7 @@ def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> to
     if columns is None:
         return g
     across = torch.cat([factored.apply_t(f, columns, f.left.shape[-1]) for f in pre])
-    # filled in place: nested cats copied every ~300 MB block twice (0.23 s a head, tiny split)
+    # filled in place: nested cats copied every block twice
     n = g.shape[0]
     out = g.new_empty(n + columns.shape[1], n + columns.shape[1])
     out[:n, :n], out[:n, n:], out[n:, :n], out[n:, n:] = g, across, across.T, gram(columns)
@@ -607,10 +606,8 @@ def release_whole_head_parts(f: Factored) -> None:
     head's solve): the correction's products (E^T B, V) and the preconditioned factors of the
     block alone. The Gram alone, its input side and the output side
     stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
-    attention's K, are read again by their own scopes). Measured at the reference shape (nystrom,
-    ~100 MB a block; with the head's pieces freed before its solve): peak resident 2.31-2.43 ->
-    1.83-1.90 GB, minor faults 445-483k -> 333-338k per probe, kappa unchanged, time within the
-    noise (six probes each, alternating: 11.8-15.7 against 12.2-14.7 s)."""
+    attention's K, are read again by their own scopes). This lowers a probe's peak resident size and
+    its page faults, kappa unchanged (docs/benchmarks.md, "Speed paths in the probe")."""
     if "alone" not in f.cache:
         return
     f.cache.pop("correction", None)

@@ -168,7 +168,7 @@ class _Factor:
     joint: DeflatedRows | None = None
     gram: torch.Tensor | None = None  # the Gram R' factors (R'^T R' = it to ~eps), when formed
     # ``c`` holds C T, the coupling on the preconditioned coordinates (C = c T^-1 applied through
-    # T: no pass over the whole coupling to form C, ~60 ms a head at the reference shape)
+    # T: no pass over the whole coupling to form C)
     c_preconditioned: bool = False
 
     def __post_init__(self) -> None:
@@ -210,8 +210,8 @@ class _Factor:
 
     def gram_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J^T J u for sigma_max: through the exact J when the whole head's rows are one operator
-        through a family's factors (each product then reads a few MB where R, its transpose and the
-        value coupling read ~250 MB at the reference shape: memory-bound), else as R^T R u (a block
+        through a family's factors (each product then reads the factors, far smaller than R, its
+        transpose and the value coupling: the products are memory-bound), else as R^T R u (a block
         alone: R is the smaller), through the factored Gram when there is one."""
         if self.joint is not None:
             return self.exact_apply_t(self.exact_apply(u))
@@ -312,7 +312,7 @@ def _triangular(
     from factors), or Householder QR of the preconditioned rows stacked on
     sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically definite).
     Also returns the Gram that was factored (None after QR). ``g``
-    is regularised in place (a copy of 4160^2 cost ~0.05 s at the reference shape): callers give a Gram of
+    is regularised in place (no copy of an n x n Gram): callers give a Gram of
     their own, never a cached one. On vectors orthogonal to N (all that Lanczos applies it to) the
     regularised Gram acts as the plain one: P T^-1 u = 0 exactly when N^T u = 0."""
     pre = None
@@ -390,9 +390,9 @@ REFINE_AGREE_MAX = 1e-2
 REFINE_FLOOR = 1e-7
 
 
-# Rayleigh-Ritz steps before the refinement gives up (and the next factor is formed, ~3 s at the
-# reference shape): a factor off by ~4e-3 along its sigma_min vector (measured: a normalized head
-# at kappa 2.7e8, whose Schur-complement Gram lost that much) settles in 9-12 steps, 0.28 s
+# Rayleigh-Ritz steps before the refinement gives up (and the next factor is formed, at far more
+# than a step's cost): a factor off by ~4e-3 along its sigma_min vector (measured: a normalized head
+# at kappa 2.7e8, whose Schur-complement Gram lost that much) settles in 9-12 steps
 REFINE_STEPS = 16
 
 
@@ -469,7 +469,7 @@ def solve(
         factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram, bool(preconditioned))
         smax, smin, vec, top, converged = _factor_extremes(factor)
         if route != "cholesky":
-            if source != "qr":  # its Cholesky failed: say why this scope took ~10x as long
+            if source != "qr":  # its Cholesky failed: say why this scope took longer (QR of the rows)
                 notes.append("the Gram is not numerically positive definite: factored by Householder QR")
             break
         checked = _check(factor, smax, smin, vec) if smin > rtol * smax else _Checked(1.0, True, 1.0)

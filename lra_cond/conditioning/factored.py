@@ -46,9 +46,9 @@ def _output_side(f: Factored) -> torch.Tensor:
 
 def sum_over_inputs(a: torch.Tensor, b: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
     """sum_j,c a[j, (b, c)] b[j, (e, c)] for a, b (r, d p) in the (b, c) column layout: summed over
-    chunks of rows, each transposed to (d, rows p) in cache (at r = 2048, d = 32, p = 65: 10 ms,
-    against 31 for one product of the whole (d, r p) transposed copies, 11 for a batched product
-    and ~80 for an einsum; 22 against 46 ms at 6144 x 2080)."""
+    chunks of rows, each transposed to (d, rows p) while in cache (not one product of the whole
+    (d, r p) transposed copies, a batched product or an einsum: docs/benchmarks.md, "Speed paths in
+    the probe")."""
 
     def chunk(m: torch.Tensor, start: int) -> torch.Tensor:
         return m[start : start + rows].reshape(-1, d, m.shape[1] // d).transpose(0, 1).reshape(d, -1)
@@ -131,7 +131,7 @@ def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
     if f1 is f2 and f1.low_rank is not None:  # J^T J = B^T B + Z^T V + (Z^T V)^T, V = E^T B + E^T E Z / 2
         z2 = f1.low_rank[1].reshape(f1.low_rank[1].shape[0], -1)
         zv = z2.T @ _correction_products(f1)[1]
-        return g.add_(zv).add_(zv.T)  # (g is this call's own: no 33 MB temporaries at 2048 columns)
+        return g.add_(zv).add_(zv.T)  # (g is this call's own: no n x n temporaries)
     mix1 = None if f1.low_rank is None else f1.low_rank[0]
     mix2 = None if f2.low_rank is None else f2.low_rank[0]
     shared = mix1 is not None and mix1 is mix2

@@ -33,9 +33,9 @@ The probe, in order (``jacobian_condition``):
 
 Methods:
 * ``gram`` (default): the steps above; exact to ~1e-8 relative, with the check against the exact J.
-* ``qr``: the same with the factor from Householder QR (slower, never squares the condition).
+* ``qr``: the same with the factor from Householder QR (more flops, never squares the condition).
 * ``dense``: every singular value of every head block by ``svdvals``, null cut at rtol; the
-  reference the tests hold the others to, minutes per layer at the reference shape.
+  reference the tests hold the others to, at the cost of a full SVD of every head block.
 """
 
 from __future__ import annotations
@@ -241,8 +241,8 @@ def jacobian_condition(
     expected_of: dict[str, int] = {}
     null_gain_of: dict[str, float] = {}
     # One scope at a time, each head's spectrum taken before the next scope's nulls are built: a
-    # family's reduced columns (linear attention's K/V statistics support, ~0.5-1 GB a head and
-    # scope on the tiny split) never outlive their scope
+    # family's reduced columns (linear attention's K/V statistics support, large on the tiny
+    # split) never outlive their scope
     for scope, sb in scopes.items():
         nulls, null_gain_of[scope] = scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
         expected_of[scope] = sum(n.basis.shape[1] + n.reduced for n in nulls)

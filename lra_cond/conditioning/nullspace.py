@@ -389,7 +389,7 @@ class _Reduction:
         off = r - self.p @ (self.p.T @ r)
         y = normal_draws(gen, self.p.shape[1], 2, dtype=self.p.dtype, device=self.p.device)
         # one pass over J_S (T d x n_S, the largest blocks here) for all three products, through the
-        # blocks as the family gave them: forming J_S's columns cost ~0.1 s a scope (272 MB)
+        # blocks as the family gave them, J_S's columns never formed
         probes = torch.cat([r, off, self.p @ y], 1)
         j_r, j_off, j_py = self.jac.apply(probes, self.support_blocks).split(2, 1)
         gain = max(float(j_r.norm() / r.norm()), 1e-300)

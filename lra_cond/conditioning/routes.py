@@ -101,7 +101,7 @@ def _value_rotation(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
     """(Y, U = [Q_Y | Q_perp], s_Y, rank of Y) when the head's value block is Y (x) I_d (rows rotated
     by U^T (x) I, it becomes diag(s_Y) (x) I), else (None, None, None, 0). Formed once per head (kept
-    on ``jac``): the probe asks for it scope by scope (the full SVD alone took 1.3 s at 4096 tokens)."""
+    on ``jac``): the probe asks for it scope by scope (else a full SVD each time)."""
     key = ("value_rotation", tuple(blocks), rtol)
     if key not in jac.cache:
         y = jac.value_factor() if "v" in blocks else None
@@ -240,7 +240,7 @@ def factored_head(
     closed: coordinates.GaugeComplement | None = None,
 ) -> Extremes:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
-    every piece from the factors (the dense route rotates and deflates ~270 MB of rows per head):
+    every piece from the factors (the dense route rotates and deflates the head's formed rows):
 
     * each block's input side rotated to [V_perp | V_par] (``coordinates.deflation``), then preconditioned:
       L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
@@ -266,7 +266,7 @@ def factored_head(
         basis = deflation(null, d, dim, n_b)
     t_d, h, coupling = _deflated_schur(head, basis, closed)
     # what only the pieces read goes before the solve allocates its own (its Cholesky factor,
-    # Lanczos' bases): the pieces, their Gram and Q's factors alone, ~0.5 GB a nystrom head
+    # Lanczos' bases): the pieces, their Gram and Q's factors alone
     for f in fs:
         release_whole_head_parts(f)
     return _solve_head(head, basis, t_d, h, coupling, preconditioned=False)
@@ -315,9 +315,8 @@ def _deflated_schur(
         g_cc = closed.gram(g[n_perp:, n_perp:])
     h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
     t_d.add_dense(r_c)
-    # C B formed (~50 MB at the reference shape; its pieces are formed anyway): the inverse Gram's
-    # products read it, where the factors' operator re-reads nystrom's corrections Z (~140 MB):
-    # measured 78 -> 36 ms per Lanczos step there, the same for softmax and normalized
+    # C B formed (its pieces are formed anyway): the inverse Gram's products read it, where the
+    # factors' operator re-reads nystrom's larger corrections Z every Lanczos step
     return t_d, h, torch.cat([c_perp, top_c], 1)
 
 
@@ -390,8 +389,7 @@ def _factored_head_kept(head: Head) -> Extremes:
     Kronecker preconditioner L_b (x) W and the null directions (all outside V) are regularised as in
     ``coordinates.factored_kept``. The value block's Schur complement T^T
     G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their rotated rows, where
-    deflating takes a Householder complement and four congruences by it (measured ~1.4 s a head at the
-    reference shape)."""
+    deflating takes a Householder complement and four congruences by it."""
     fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
     d = fs[0].left.shape[-1]
     t, pre, identity = kept_coordinates(fs, d, x)

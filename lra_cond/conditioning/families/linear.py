@@ -68,8 +68,8 @@ class LinearJacobian(jac.FamilyJacobian, family="linear"):
     def _statistics_jacobian(self, inp: jac.HeadInputs, blocks: list[str]) -> _Statistics:
         """The per-sequence statistics (S_b, z_b) and their Jacobian G with respect to the K/V blocks
         in ``blocks``, factored once. Kept for one set of blocks at a time: only a scope's support
-        and symmetries share it, and the probe takes its scopes one after the other (the tiny
-        split's G, its factor and basis are ~0.8 GB a head)."""
+        and symmetries share it, and the probe takes its scopes one after the other (G, its
+        factor and basis are large)."""
         cache = self.cache
         for key in [k for k in cache if k[0] == "statistics" and k[2] != tuple(blocks)]:
             del cache[key]
@@ -102,7 +102,7 @@ class LinearJacobian(jac.FamilyJacobian, family="linear"):
         respect to the statistics, dA_i = (dS^T phi_i - A_i dz^T phi_i) / den_i, applied to M
         without forming J_psi (T d x B (d^2 + d))."""
         d, per, k = inp.d, inp.d * inp.d + inp.d, m.shape[1]
-        # each sequence's rows written in place (a cat of them copied ~270 MB a call on the tiny split)
+        # each sequence's rows written in place (a cat of them copied the whole output again each call)
         out = m.new_empty(sum(len(x) for x in inp.xs) * d, k)
         start = 0
         for s_idx, (x, (w, a)) in enumerate(zip(inp.xs, self._output_weights(inp))):
@@ -143,7 +143,7 @@ class LinearJacobian(jac.FamilyJacobian, family="linear"):
         Gram in closed form (per sequence, with w_i = phi(q_i) / den_i):
             [(b, a), (b', a')] = delta_aa' sum_i w_ib w_ib',  [(b, a), z_b'] = -sum_i w_ib A_ia w_ib',
             [z_b, z_b'] = sum_i |A_i|^2 w_ib w_ib':
-        T d^3 + B (d^2 + d)^2 r flops where the columns' Gram costs T d r^2 (~0.15 s a head)."""
+        T d^3 + B (d^2 + d)^2 r flops where the columns' Gram costs T d r^2."""
         d, per = inp.d, inp.d * inp.d + inp.d
         out = m.new_zeros(m.shape[1], m.shape[1])
         for s_idx, (w, a) in enumerate(self._output_weights(inp)):
@@ -304,7 +304,7 @@ def _feature_directions(inp: jac.HeadInputs) -> tuple[torch.Tensor, torch.Tensor
         conditions = torch.cat(complements)
         if conditions.shape[0]:
             # tall, so vh_c is complete; from its triangular factor (same s and Vh): the SVD of the
-            # tall matrix forms its left vectors too (measured 76 against 36 ms at 5000 x 256)
+            # tall matrix forms its left vectors too
             r_c = torch.linalg.qr(conditions, mode="r").R
             _, s_c, vh_c = torch.linalg.svd(r_c, full_matrices=False)
             s_c = torch.cat([s_c, s_c.new_zeros(len(x) - s_c.numel())])
@@ -411,8 +411,7 @@ class _Statistics:
 
     A block is usually wide (one probe sequence) and of full row rank: a QR B^T = Q R (``_factor``,
     certified by its first Cholesky QR pass) gives its basis, every target on its rows is in
-    range, B^+ t = Q R^-T t (measured: 0.6 s with Householder QR against 2.2 s for the SVD of the
-    whole-head block at the reference shape). A tall block (several probe sequences) of full
+    range, B^+ t = Q R^-T t (a QR, not an SVD, of the block). A tall block (several probe sequences) of full
     column rank is factored B = U R by Householder QR (U kept as its reflectors): its basis is the
     identity, B^+ t = R^-1 U^T t. Otherwise the rank is decided on an SVD: on singular values accurate to
     eps * sigma_max (through the Gram, null and genuine values below ~1e-6 blur)."""
@@ -431,7 +430,7 @@ class _Statistics:
         p = stats.new_zeros(n_params, sum(widths))
         whole = len(blocks) == 1 and tuple(blocks[0][2].shape) == (len(stats), n_params)
         if whole and self._blocks[0][3][0] is None:  # G alone, of full column rank: G P = G
-            self.gp = blocks[0][2]  # (no copy: the tiny split's is 4224 x 4096, 138 MB a head)
+            self.gp = blocks[0][2]  # (no copy: the tiny split's is 4224 x 4096 a head)
         else:
             self.gp = stats.new_zeros(len(stats), sum(widths))
         start = 0
@@ -454,8 +453,7 @@ class _Statistics:
         """Parameter directions in input coordinates x V_x -> the parameters' layout (d D' each row)."""
         r_x, k = self.v_x.shape[1], m.shape[1]
         rows = m.shape[0] // r_x
-        # V_x times each row's block, batched (the einsum took ~2.4x as long: 55 against 23 ms for
-        # the coupled block's basis, 64 rows of 64 x 1056, measured)
+        # V_x times each row's block, as one batched matmul (not an einsum: docs/benchmarks.md)
         return torch.matmul(self.v_x, m.reshape(rows, r_x, k)).reshape(rows * self.v_x.shape[0], k)
 
     def residual(self, targets: torch.Tensor) -> torch.Tensor:
@@ -515,14 +513,12 @@ def _factor(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, _Range | None, torch.Tensor | None]:
     """How a statistics block is factored: (row-space basis Q, R with mat^T = Q R, None, None) when
     a wide ``mat`` has full row rank (Cholesky QR twice, ``_cholesky_qr2``: GEMM and triangular
-    solves instead of Householder panels, 0.40 -> 0.25 s for linear attention's coupled K/V block
-    at the reference shape, 1056 x 4160, and its first pass certifies the rank; ``parts``, the
-    block's sub-blocks disjoint in their columns, give that pass, ``_first_pass``: the coupled
-    block's factor 0.355 -> 0.248 s, measured side by side); (None: the identity, R,
-    its Householder range, None) when a tall one has full column rank (Householder QR without
-    forming Q, which only meets targets: 1.4 s against 5.5 s for Cholesky QR twice on the tiny
-    split's 4224 x 4096 block; its rank from R's estimated condition number); else (basis, None,
-    the SVD's range, s)."""
+    solves instead of Householder panels, and its first pass certifies the rank; ``parts``, the
+    block's sub-blocks disjoint in their columns, give that pass, ``_first_pass``); (None: the
+    identity, R, its Householder range, None) when a tall one has full column rank (Householder QR
+    without forming Q, which only meets targets, rather than Cholesky QR twice; its rank from R's
+    estimated condition number); else (basis, None, the SVD's range, s). Each choice's timings:
+    docs/benchmarks.md, "Speed paths in the probe"."""
     if mat.shape[0] <= mat.shape[1]:
         qr = _cholesky_qr2(mat.T, None if parts is None else _first_pass(parts, mat.shape))
         if qr is not None:
@@ -560,8 +556,8 @@ def _first_pass(parts: list[SubBlock], shape: torch.Size) -> tuple[torch.Tensor,
     inverse = torch.linalg.solve_triangular(
         r1, torch.eye(shape[0], dtype=like.dtype, device=like.device), upper=True
     )
-    # Q_1 column-major, as a triangular solve leaves it: the second pass's solve reads that layout
-    # faster (measured 0.095 against 0.113 s at the reference shape)
+    # Q_1 column-major, as a triangular solve leaves it: the layout the second pass's solve reads
+    # best (docs/benchmarks.md)
     q1_t = like.new_empty(shape[0], shape[1])
     for rows, cols, mat in parts:
         q1_t[:, cols] = inverse[rows].T @ mat

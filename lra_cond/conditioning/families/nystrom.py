@@ -55,7 +55,7 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     after (an iteration that converges makes e tiny, one far from it keeps phi tiny: tracking only
     one loses digits on the other, measured 3e-11 at 12 iterations against 1e-15 this way).
     ~1 GFLOP at the reference shape (m = 64, n = d = 32) where reverse mode through the iterations
-    takes ~51 (measured 0.11 against 0.75 s per head); equal to ``torch.func.jacrev`` of
+    takes ~51; equal to ``torch.func.jacrev`` of
     ``iterative_pinv`` to ~1e-15 of its largest entry, 4e-14 at worst over 72 small softmax
     matrices and 1-12 iterations (tested to 1e-13, also with tied singular values, a singular A and
     far from convergence), and within 2e-15 of a 50-digit finite-difference reference (measured on
@@ -103,7 +103,7 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
     vv = (v[:, None, :] * v[None]).reshape(m * m, m)  # [(p, t), i]
     out = a.new_empty(m, m, n, m)
     # the first term lands in out's layout; the second as [r, c, p, t], its middle pair swapped in the
-    # one pass (a permute of whole rows of t, where [r', c, r, t] took two of single entries: 2.3x)
+    # one pass (a permute of whole rows of t, where [r', c, r, t] took two of single entries)
     torch.add(
         (uv @ x_minus.reshape(m, -1)).view(m, m, n, m),
         (x_plus.reshape(m, -1).T @ vv.T).view(m, n, m, m).transpose(1, 2),
@@ -121,13 +121,9 @@ def pinv_output_jacobian(a: torch.Tensor, right: torch.Tensor, iterations: int) 
 
 
 # The landmark correction's rank m_e d adds up over a probe's sequences (each has its own landmarks),
-# while its Grams cost rank x (d D')^2 where the formed columns' cost ~(rows / 2) x (d D')^2
-# (measured at the reference shape, one sequence of 256 tokens, rank 2048 of 8192 rows: the probe
-# 57 -> 42 s on a 2-core AMD EPYC; the tiny split's four sequences of 40-150 tokens have rank 7680
-# of 9792 rows, where the factors took 49-51 s against the formed columns' 37-43 s). In between,
-# probes of 256-320 tokens, side by side: two sequences of 128 (rank 1/2 of the rows) 20.4-21.5 s
-# from the factors against 24.8-26.6 formed; three of 100 (0.64) 36.3 against 31.7; four of 80
-# (0.8) 49.5 against 32.8. The crossover is near 0.57.
+# while its Grams cost rank x (d D')^2 where the formed columns' cost ~(rows / 2) x (d D')^2: the
+# factors pay up to a rank of about half the rows. Probes of one to four sequences, timed side by
+# side, put the crossover near 0.57 of the rows (docs/benchmarks.md, "Speed paths in the probe").
 FACTORED_RANK_FRACTION = 0.57
 
 
@@ -207,7 +203,7 @@ class NystromJacobian(jac.FamilyJacobian, family="nystrom"):
                 g_f = jac.softmax_query_factor(f, k_l, hv, s)
                 n_b = jac.softmax_query_factor(b, k, v, s)  # (m, d, d)
                 via_b = (n_b[:, :, :, None] * x_l[:, None, None, :]).reshape(m, -1)
-                # [(r', a), b, c] batched over (r', a): 61 -> 34 ms against an einsum, the same sums
+                # [(r', a), b, c] batched over (r', a): an einsum's sums as one batched matmul
                 psi = s * torch.matmul(y[:, :, :d].permute(1, 2, 0), x_l)
                 low = torch.addmm(psi.reshape(m, -1), z, via_b).view(m * d, d, -1)
                 parts["q"].append(jac.Factored("query_local", g_f, x, (mixing, low)))

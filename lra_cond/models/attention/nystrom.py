@@ -94,8 +94,8 @@ def sequence_conv(v: torch.Tensor, weight: torch.Tensor, block: int = 32) -> tor
     (weight (heads, k)), shared over d: what ``conv2d`` with a (k, 1) kernel, padding (k // 2, 0) and
     heads as groups computes.
 
-    Why not conv2d: on CPU its (k, 1) depthwise kernel runs far below the matmul rate (about 6x slower
-    than this at the ListOps shape, forward + backward). Here the sequence is cut into blocks of
+    Why not conv2d: on CPU its (k, 1) depthwise kernel runs far below the matmul rate
+    (docs/benchmarks.md, "Speed paths in the probe"). Here the sequence is cut into blocks of
     ``block`` rows; a block's output is one banded Toeplitz (block x (block + k - 1)) matrix times its
     zero-padded window of v, so the whole conv is one batched matmul. The windows are built from
     whole tiles (a cat, whose backward is slicing) rather than ``unfold`` (whose backward is slow).

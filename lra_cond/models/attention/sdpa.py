@@ -5,10 +5,11 @@ that on CPU (torch 2.13) both fused kernels refuse dropout > 0 and it falls back
 which materialises (and keeps for backward) the full score, probability and dropout-mask matrices.
 The mask type does not matter there: a boolean key-padding mask keeps the CPU flash kernel. So in
 that one case the blockwise kernel (``blockwise.py``: query blocks against each sample's real keys,
-probabilities recomputed and dropout masks regenerated in the backward) computes the formula, about
-twice as fast as the math kernel. Masks that are not key-suffix padding fall back to query chunks
-under activation checkpointing (checkpointing restores the RNG state, so the backward reuses the
-forward's dropout mask). Either way peak memory is O(chunk x N) instead of O(N x N).
+probabilities recomputed and dropout masks regenerated in the backward) computes the formula
+instead (docs/benchmarks.md, "Speed paths in the probe"). Masks that are not key-suffix padding
+fall back to query chunks under activation checkpointing (checkpointing restores the RNG state, so
+the backward reuses the forward's dropout mask). Either way peak memory is O(chunk x N) instead of
+O(N x N).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from torch.utils.checkpoint import checkpoint
 from lra_cond.models.attention.blockwise import blockwise_attention, prefix_lengths
 
 # Largest score block (batch * heads * query rows * keys) built at once on the chunked path:
-# 2**22 float32 elements = 16 MiB per intermediate. Measured at N = 4096 and 8192: about 100 MiB peak
-# per layer call whatever N is (2**20: 56 MiB, 2**24: 300 MiB), against 1-2 GiB for the math kernel.
+# 2**22 float32 elements = 16 MiB per intermediate, so a layer call's peak does not grow with N
+# (docs/benchmarks.md, "Speed paths in the probe").
 SCORE_BUDGET = 2**22
 
 
