@@ -87,15 +87,6 @@ def gram(
     return out
 
 
-def kron_left(g: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int) -> torch.Tensor:
-    """(O (x) M)^T G for G (d p, n) in the (b, c) row layout, O (d, d) (None: the identity) and M
-    (p, p'), as two GEMMs."""
-    t = m.T @ g.reshape(d, m.shape[0], -1)  # (d, p', n): every output b at once
-    if o is not None:
-        t = o.T @ t.reshape(d, -1)
-    return t.reshape(d * m.shape[1], -1)
-
-
 def kron_right(
     a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int, rows: int = 64
 ) -> torch.Tensor:

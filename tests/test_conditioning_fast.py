@@ -438,56 +438,6 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
         torch.testing.assert_close(raw, formed, rtol=0, atol=1e-12 * float(formed.abs().max()))
 
 
-def test_a_block_s_own_scope_reads_only_what_its_whole_head_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Once nystrom's whole head no longer reads them (before its solve), its blocks drop the
-    correction's products and the preconditioned factors of Q alone (~100 MB a block at the
-    reference shape) and keep its Gram alone: Q's own scope then forms none of them again (K's,
-    whose Gram alone the head never formed, forms its own), and their values equal dense."""
-
-    torch.manual_seed(5)
-    layer = build_attention("nystrom", 8, 2, num_landmarks=6)
-    x = layer_norm(torch.randn(1, 30, 8, dtype=torch.float64))
-    released, formed, own_scope = [], [], [False]
-    real_release, real_scope = routes.release_whole_head_parts, coordinates.factored_scope
-
-    def release(f):  # noqa: ANN001, ANN202
-        real_release(f)
-        released.append(f)
-
-    def scope(*args):  # noqa: ANN002, ANN202
-        own_scope[0] = True
-        try:
-            return real_scope(*args)
-        finally:
-            own_scope[0] = False
-
-    def counted(name: str):  # noqa: ANN202
-        real = getattr(factored, name)
-
-        def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            if own_scope[0]:
-                formed.append((args[0].kind, name))
-            return real(*args, **kwargs)
-
-        return spy
-
-    monkeypatch.setattr(routes, "release_whole_head_parts", release)
-    monkeypatch.setattr(coordinates, "factored_scope", scope)
-    for name in ("preconditioned", "cross_gram", "_mix_t_base"):
-        monkeypatch.setattr(factored, name, counted(name))
-    fast = jacobian_condition(layer, x)
-    dense = jacobian_condition(layer, x, method="dense")
-    released = [f for f in {id(f): f for f in released}.values() if f.kind == "query_local"]
-    assert len(released) == 2  # Q of each head
-    for f in released:
-        assert "correction" not in f.cache and f.cache["alone"][2] is None
-        assert f.cache["alone"][3].shape[0] == f.cache["alone"][3].shape[1] > 0
-    assert {kind for kind, _ in formed} == {"outer"}  # only K's own scope forms its Gram alone
-    for b in "qk":
-        assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-7), b
-        assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
-
-
 @pytest.mark.parametrize("family", ["softmax", "nystrom"])
 def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
     family: str, monkeypatch: pytest.MonkeyPatch
@@ -1229,8 +1179,8 @@ def test_sum_over_inputs_contracts_rows_and_inputs(same: bool) -> None:
 
 @pytest.mark.parametrize("output_side", [True, False], ids=["o-and-m", "m-only"])
 def test_kron_products_equal_the_dense_kronecker_product(output_side: bool) -> None:
-    """kron_right (in chunks of rows: a row count no chunk divides) and kron_left equal products with
-    the dense Kronecker matrix O (x) M, M rectangular."""
+    """kron_right (in chunks of rows: a row count no chunk divides) equals the product with the dense
+    Kronecker matrix O (x) M, M rectangular."""
     gen = torch.Generator().manual_seed(3)
     n, d, p, q = 150, 4, 7, 5
     a = torch.randn(n, d * p, generator=gen, dtype=torch.float64)
@@ -1238,7 +1188,6 @@ def test_kron_products_equal_the_dense_kronecker_product(output_side: bool) -> N
     m = torch.randn(p, q, generator=gen, dtype=torch.float64)
     kron = torch.kron(torch.eye(d, dtype=torch.float64) if o is None else o, m)
     torch.testing.assert_close(linalg.kron_right(a, o, m, d, rows=64), a @ kron, rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(linalg.kron_left(a.T, o, m, d), kron.T @ a.T, rtol=1e-13, atol=1e-13)
 
 
 def test_factored_cat_keeps_each_sequence_correction_in_its_own_rows() -> None:

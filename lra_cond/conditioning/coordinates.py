@@ -21,7 +21,7 @@ preconditioner, and its exact rows as an operator.
   formed unless a fallback needs them.
 * **Scopes whose blocks all come as factors** (``factored_scope``, ``factored_kept``): every Gram
   from the factors (``factored``), each block's preconditioned factors and Gram formed once per
-  probe and shared by the whole head and the block alone (``block_alone``, ``kept_coordinates``).
+  probe and shared by the whole head and the block alone (``kept_coordinates``).
 """
 
 from __future__ import annotations
@@ -584,37 +584,6 @@ def factored_kept(
     return rows, t, _cross_grams(pre, scaled)
 
 
-def block_alone(
-    f: Factored, v: torch.Tensor, x: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, Factored | None, torch.Tensor]:
-    """Block f alone with its input side restricted to ``v`` (D', p orthonormal: the complement of
-    its null inputs): (v, W, the factors of J (L_b (x) v W), their Gram), formed once (kept in its
-    cache): the block's own scope (``factored_scope``) and the whole head's pieces of that block
-    (``routes._closed_grams``) share it. The factors are None once the whole head no longer
-    reads them (``release_whole_head_parts``)."""
-    cached = f.cache.get("alone")
-    if cached is None or cached[0] is not v:
-        w = input_whitening(x @ v)
-        pre = factored.preconditioned(f, factored.output_side(f), v @ w)
-        f.cache["alone"] = (v, w, pre, factored.cross_gram(pre, pre))
-    return f.cache["alone"]
-
-
-def release_whole_head_parts(f: Factored) -> None:
-    """Drop from the cache of a block whose Gram alone its whole head formed or shared
-    (``block_alone``) what only that head reads, once it no longer does (before the
-    head's solve): the correction's products (E^T B, V) and the preconditioned factors of the
-    block alone. The Gram alone, its input side and the output side
-    stay for the block's own scope, which reads nothing else (other blocks' caches, e.g. normalized
-    attention's K, are read again by their own scopes). This lowers a probe's peak resident size and
-    its page faults, kappa unchanged (docs/benchmarks.md, "Speed paths in the probe")."""
-    if "alone" not in f.cache:
-        return
-    f.cache.pop("correction", None)
-    v, w, _, g = f.cache["alone"]
-    f.cache["alone"] = (v, w, None, g)
-
-
 def factored_scope(
     f: Factored, null: torch.Tensor, d: int, dim: int, x: torch.Tensor
 ) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
@@ -627,19 +596,10 @@ def factored_scope(
     if k != d * v_par.shape[1]:
         return (*factored_kept([f], None, d, x), orthonormal_basis(null))
     # the par input coordinates carry null directions only (J vanishes there), so the output side
-    # over v_perp is the block's own (shared with the whole head's scope); the block alone on them,
-    # its input side rotated and whitened, may have been formed for the whole head (``block_alone``)
-    cached = f.cache.get("alone")
-    if cached is not None and cached[0].shape == v_perp.shape and _same_span(cached[0], v_par):
-        v_perp = cached[0]
-    v_perp, w, _, g = block_alone(f, v_perp, x)
+    # over v_perp is the block's own; its input side rotated to v_perp and whitened
+    lb, w = factored.output_side(f), input_whitening(x @ v_perp)
+    pre = factored.preconditioned(f, lb, v_perp @ w)
     t = Preconditioner()
-    t.add_kron(factored.output_side(f), w)
+    t.add_kron(lb, w)
     on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
-    return [DeflatedRows([f], None, d, on_perp)], t, g, None
-
-
-def _same_span(v: torch.Tensor, v_par: torch.Tensor) -> bool:
-    """Whether ``v`` (orthonormal) spans the orthogonal complement of ``v_par`` (sizes checked by
-    the caller)."""
-    return bool((v.T @ v_par).abs().max() <= 1e-12) if v_par.numel() else True
+    return [DeflatedRows([f], None, d, on_perp)], t, factored.cross_gram(pre, pre), None

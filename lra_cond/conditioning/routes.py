@@ -37,7 +37,6 @@ The steps, their sources and the measurements behind each route: docs/conditioni
 
 from __future__ import annotations
 
-from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -47,7 +46,6 @@ from lra_cond.conditioning.coordinates import (
     DeflatedRows,
     Deflation,
     Preconditioner,
-    block_alone,
     block_grams,
     deflate_columns,
     deflation,
@@ -55,7 +53,6 @@ from lra_cond.conditioning.coordinates import (
     input_whitening,
     kept_coordinates,
     output_whitening,
-    release_whole_head_parts,
     whitened,
 )
 from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes
@@ -64,8 +61,6 @@ from lra_cond.conditioning.linearised import HeadJacobian
 from lra_cond.conditioning.nullspace import ScopeNull
 from lra_cond.linalg import (
     gram,
-    kron_left,
-    kron_right,
     normal_draws,
     orthonormal_basis,
     spectrum_cut,
@@ -265,10 +260,6 @@ def factored_head(
             return _factored_head_kept(head)
         basis = deflation(null, d, dim, n_b)
     t_d, h, coupling = _deflated_schur(head, basis, closed)
-    # what only the pieces read goes before the solve allocates its own (its Cholesky factor,
-    # Lanczos' bases): the pieces, their Gram and Q's factors alone
-    for f in fs:
-        release_whole_head_parts(f)
     return _solve_head(head, basis, t_d, h, coupling, preconditioned=False)
 
 
@@ -283,12 +274,11 @@ def _deflated_schur(
     # each block split by input side into its perp and its par coordinates, as separate factors
     # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
     # below lands in that layout, no columns gathered
-    t_d, perp_fs, par_fs, m_par, w_perps = Preconditioner(), [], [], [], []
+    t_d, perp_fs, par_fs, m_par = Preconditioner(), [], [], []
     for f, perp, par in zip(fs, basis.perp, basis.par):
         lb = factored.output_side(f)  # a sum over the inputs: any rotation of them keeps it
-        w_perps.append(None)
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
-            w_perps[-1] = w_perp = input_whitening(x @ perp)
+            w_perp = input_whitening(x @ perp)
             t_d.add_kron(lb, w_perp)
             perp_fs.append(factored.preconditioned(f, lb, perp @ w_perp))
         if closed is None:
@@ -310,7 +300,7 @@ def _deflated_schur(
     else:
         comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
         top_c = closed.scale(factored.rows_rotated(comp_f, u[:, :r_y]))
-        g = _closed_grams(fs, closed, w_perps, [*perp_fs, comp_f], x)
+        g = block_grams([*perp_fs, comp_f], None, x)
         g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
         g_cc = closed.gram(g[n_perp:, n_perp:])
     h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
@@ -400,65 +390,6 @@ def _factored_head_kept(head: Head) -> Extremes:
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
     return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q)
-
-
-def _closed_grams(
-    fs: list[Factored],
-    closed: coordinates.GaugeComplement,
-    w_perps: list[torch.Tensor | None],
-    pieces: list[Factored],
-    x: torch.Tensor,
-) -> torch.Tensor:
-    """The Gram of the whole head's pieces (each block's perp coordinates, then the complement's factor, a
-    piece of Q: ``GaugeComplement.factor``; as in ``factored_head``). When Q has a low-rank correction
-    (nystrom's), a pair of Q's pieces is a congruence of Q's Gram alone (``coordinates.block_alone``)
-    by the pieces' transforms relative to it, O (x) M with M = W^-1 v^T on the input side and O = L_Q^-1
-    on the output side: ~(d p)^2 p flops where the correction's Grams take m d (d p)^2 again; a Q piece
-    against K's perp piece is Q's side of such a congruence of Q's coordinates alone against it, that
-    product formed once (no correction products of Q's pieces). K's perp piece with itself comes from the
-    factors (a quarter of K's Gram alone: 4 against 17 GFLOP a head at the reference shape), as does every
-    pair without a correction (T d^2 p^2: cheaper than the congruence)."""
-    d = closed.d
-    alone = None  # Q's Gram alone, when Q has a correction
-    if fs[0].low_rank is not None:
-        alone = block_alone(fs[0], torch.cat([closed.rows[0], closed.perp[0]], 1), x)
-
-    def relative(u_out: torch.Tensor | None, w_in: torch.Tensor) -> tuple:
-        """Q's piece with output side ``u_out`` (None: L_Q) and input side ``w_in``, as (O, M) relative
-        to Q's Gram alone (O = L_Q^-1 u_out, M = W^-1 v^T w_in)."""
-        v, w = alone[:2]
-        o = None if u_out is None else torch.linalg.solve(factored.output_side(fs[0]), u_out)
-        return o, torch.linalg.solve(w, v.T @ w_in)
-
-    owner, transform = [], []  # per piece, in ``pieces`` order: perp ones, then the complement's
-    for b, (perp, w_perp) in enumerate(zip(closed.perp, w_perps)):
-        if w_perp is not None:
-            owner.append(b)
-            transform.append(relative(None, perp @ w_perp) if b == 0 and alone is not None else None)
-    owner.append(0)  # the complement's factor: Q's, output side U_K
-    transform.append(relative(closed.u[1], closed.rows[0]) if alone is not None else None)
-    offsets = [0, *accumulate(p.left.shape[-1] * p.right.shape[-1] for p in pieces)]
-    g = x.new_empty(offsets[-1], offsets[-1])
-    against: dict[int, torch.Tensor] = {}  # K's piece k -> J_Q^T J_k on Q's coordinates alone
-    left = None  # (O (x) M)^T J_Q^T J_Q of the current Q piece
-    for i, pi in enumerate(pieces):
-        for j in range(i, len(pieces)):
-            rows, cols = slice(offsets[i], offsets[i + 1]), slice(offsets[j], offsets[j + 1])
-            if transform[i] is not None and transform[j] is not None:  # two of Q's pieces
-                if j == i:
-                    left = kron_left(alone[3], *transform[i], d)
-                g[rows, cols] = kron_right(left, *transform[j], d)
-            elif transform[i] is not None or transform[j] is not None:  # Q's piece q against K's piece k
-                q, k = (i, j) if transform[i] is not None else (j, i)
-                if k not in against:
-                    against[k] = factored.cross_gram(alone[2], pieces[k])
-                block = kron_left(against[k], *transform[q], d)
-                g[rows, cols] = block if q == i else block.T
-            else:
-                g[rows, cols] = factored.cross_gram(pi, pieces[j])
-            if j != i:
-                g[cols, rows] = g[rows, cols].T
-    return g
 
 
 def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
