@@ -788,14 +788,8 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
     torch.testing.assert_close(rows_x @ v_x @ v_x.T, rows_x, rtol=0, atol=1e-12)
     expand = torch.kron(torch.eye(len(blocks) * d, dtype=torch.float64), v_x)
     closed = reference.new_zeros(reference.shape[0], n_params)
-    for rows, cols, mat, sub in parts:
+    for rows, cols, mat in parts:
         closed[rows[:, None], cols[None, :]] = mat
-        if sub is not None:  # the coupled block's sub-blocks: disjoint in their columns, and all of it
-            assert torch.cat([c for _, c, _ in sub]).unique().numel() == sum(c.numel() for _, c, _ in sub)
-            whole = torch.zeros_like(mat)
-            for r, c, m in sub:
-                whole[r[:, None], c[None, :]] = m
-            assert torch.equal(whole, mat)
     assert n_params == len(blocks) * d * v_x.shape[1]
     tol = {"rtol": 0, "atol": 1e-12 * float(reference.abs().max())}
     torch.testing.assert_close(closed, reference @ expand, **tol)
@@ -803,32 +797,34 @@ def test_linear_statistics_jacobian_equals_reverse_mode(blocks: list[str], seque
 
 
 @pytest.mark.parametrize("sequences", [1, 3])
-def test_coupled_statistics_block_first_pass_from_its_sub_blocks(sequences: int) -> None:
-    """The coupled K/V block's first Cholesky QR pass from its sub-blocks equals the pass on the
-    dense block (R_1 and Q_1 to ~eps kappa), and its factor then equals the dense one's."""
-    from lra_cond.conditioning.families.linear import _factor, _first_pass, _statistics_blocks
-    from lra_cond.linalg import gram
+def test_coupled_statistics_block_factor_spans_its_row_space(sequences: int) -> None:
+    """The coupled K/V block of one probe sequence is wide and of full row rank: its factor is
+    G^T = Q R with Q orthonormal, spanning the row space the SVD gives, and min_norm solves
+    G theta = t with theta in that row space (least squares against lstsq). Several sequences make
+    it tall: of full column rank, the basis is the identity."""
+    from lra_cond.conditioning.families.linear import _factor, _statistics_blocks
 
     torch.manual_seed(sequences)
     layer = build_attention("linear", 12, 2)
     x = layer_norm(torch.randn(sequences, 9, 12, dtype=torch.float64)) + 0.2
     inp = linearise(layer, x, None, "qkv").head_inputs(1)
-    ((_, _, g, sub),) = _statistics_blocks(inp, ["k", "v"])[1]
-    assert g.shape[0] < g.shape[1]  # wide: Cholesky QR's route
-    r1 = torch.linalg.cholesky(gram(g.T), upper=True)
-    q1 = torch.linalg.solve_triangular(r1, g.T, upper=True, left=False)
-    first = _first_pass(sub, g.shape)
-    assert first is not None
-    tol = 1e-12 * float(torch.linalg.cond(g))
-    torch.testing.assert_close(first[0], r1, rtol=0, atol=tol * float(r1.abs().max()))
-    torch.testing.assert_close(first[1], q1, rtol=0, atol=tol)
-    q, r, _, _ = _factor(g, sub)
-    q_dense, r_dense, _, _ = _factor(g)
+    ((_, _, g),) = _statistics_blocks(inp, ["k", "v"])[1]
+    q, r, span, sv = _factor(g)
+    assert sv is None  # full rank, no SVD
+    if g.shape[0] > g.shape[1]:
+        assert q is None and span is not None
+        torch.testing.assert_close(span.coordinates(g), r, rtol=0, atol=1e-13 * float(g.abs().max()))
+        return
+    assert span is None and q.shape == (g.shape[1], g.shape[0])
     eye = torch.eye(q.shape[1], dtype=torch.float64)
     torch.testing.assert_close(q.T @ q, eye, rtol=0, atol=1e-14)
     torch.testing.assert_close(q @ r, g.T, rtol=0, atol=1e-14 * float(g.abs().max()))
-    torch.testing.assert_close(q, q_dense, rtol=0, atol=tol)
-    torch.testing.assert_close(r, r_dense, rtol=0, atol=tol * float(r_dense.abs().max()))
+    vh = torch.linalg.svd(g, full_matrices=False)[2]
+    torch.testing.assert_close(q @ (q.T @ vh.T), vh.T, rtol=0, atol=1e-12)  # the same row space
+    t = torch.randn(g.shape[0], 2, dtype=torch.float64)
+    theta = q @ torch.linalg.solve_triangular(r.T, t, upper=False)  # min_norm's formula
+    least_squares = torch.linalg.lstsq(g, t, driver="gelsd").solution  # the minimum-norm solution
+    torch.testing.assert_close(theta, least_squares, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("blocks", [("k",), ("v",), ("k", "v")])
@@ -868,7 +864,7 @@ def test_a_tall_statistics_block_of_full_column_rank_takes_householder_qr() -> N
     st = _Statistics(
         torch.ones(90, dtype=torch.float64),
         40,
-        [(torch.arange(90), torch.arange(40), mat, None)],
+        [(torch.arange(90), torch.arange(40), mat)],
         torch.eye(1, dtype=torch.float64),
     )
     assert torch.equal(st.p, torch.eye(40, dtype=torch.float64)) and torch.equal(st.gp, mat)  # G P = G

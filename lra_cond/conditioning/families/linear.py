@@ -9,7 +9,7 @@ from typing import TypeVar
 import torch
 
 from lra_cond.conditioning.families import base as jac
-from lra_cond.linalg import RANK_RTOL, gram, triangular_condition
+from lra_cond.linalg import RANK_RTOL, triangular_condition
 from lra_cond.models.attention.linear import feature_map
 
 T = TypeVar("T")
@@ -343,9 +343,7 @@ def _is_short(phi: torch.Tensor) -> bool:
 REACH_RTOL = 1e-9
 
 
-SubBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows of G, columns of G, the block)
-# a diagonal block of G, and its sub-blocks disjoint in their columns when it has them
-GBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[SubBlock] | None]
+GBlock = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # a diagonal block of G: its rows, columns, entries
 
 
 def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, list[GBlock], torch.Tensor]:
@@ -393,15 +391,13 @@ def _statistics_blocks(inp: jac.HeadInputs, blocks: list[str]) -> tuple[int, lis
         if "v" in blocks:
             v_parts.append(((seq[:, :, None] + ar[None, :, None] * d + row).flatten(), cols, values))
     if blocks != ["k", "v"]:  # one block alone: its d diagonal blocks
-        return d * dim, [(*part, None) for part in k_parts + v_parts], v_x
-    # both: W_K's and W_V's rows reach the same rows of S, so G is one block, kept with its
-    # sub-blocks (disjoint in their columns) for the first pass of its factor (``_first_pass``)
-    parts = k_parts + [(rows, cols + d * dim, mat) for rows, cols, mat in v_parts]
+        return d * dim, k_parts + v_parts, v_x
+    # both: W_K's and W_V's rows reach the same rows of S, so G is one block
     g = inp.w["k"].new_zeros(n_seq * per, 2 * d * dim)
-    for rows, cols, mat in parts:
+    for rows, cols, mat in k_parts + [(rows, cols + d * dim, mat) for rows, cols, mat in v_parts]:
         g[rows[:, None], cols[None, :]] = mat
     everything = (torch.arange(n_seq * per, device=device), torch.arange(2 * d * dim, device=device))
-    return 2 * d * dim, [(*everything, g, parts)], v_x
+    return 2 * d * dim, [(*everything, g)], v_x
 
 
 class _Statistics:
@@ -409,9 +405,9 @@ class _Statistics:
     each factored once: an orthonormal basis ``p`` of G's row space, G P (``gp``), G's range
     (``residual``) and G^+ (``min_norm``); statistics no block reaches are out of range.
 
-    A block is usually wide (one probe sequence) and of full row rank: a QR B^T = Q R (``_factor``,
-    certified by its first Cholesky QR pass) gives its basis, every target on its rows is in
-    range, B^+ t = Q R^-T t (a QR, not an SVD, of the block). A tall block (several probe sequences) of full
+    A block is usually wide (one probe sequence) and of full row rank: a QR B^T = Q R (``_factor``)
+    gives its basis, every target on its rows is in range, B^+ t = Q R^-T t (a QR, not an SVD, of
+    the block). A tall block (several probe sequences) of full
     column rank is factored B = U R by Householder QR (U kept as its reflectors): its basis is the
     identity, B^+ t = R^-1 U^T t. Otherwise the rank is decided on an SVD: on singular values accurate to
     eps * sigma_max (through the Gram, null and genuine values below ~1e-6 blur)."""
@@ -421,9 +417,9 @@ class _Statistics:
         self._n_reduced = n_params
         self.n_params = n_params // v_x.shape[1] * v_x.shape[0]  # in the parameters' own layout
         self._blocks, factored, widths = [], {}, []
-        for rows, cols, mat, parts in blocks:
+        for rows, cols, mat in blocks:
             if id(mat) not in factored:
-                factored[id(mat)] = _factor(mat, parts)
+                factored[id(mat)] = _factor(mat)
             self._blocks.append((rows, cols, mat, factored[id(mat)]))
             basis = factored[id(mat)][0]
             widths.append(mat.shape[1] if basis is None else basis.shape[1])
@@ -502,90 +498,29 @@ class _Range:
         return torch.ormqr(a, tau, y)
 
 
-# A tall block is taken as of full column rank when its R's estimated condition number is below
-# this (from below, usually within ~2x: ``triangular_condition``): far under the SVD's rank cut
-# (1 / RANK_RTOL = 1e10), so an underestimate cannot turn a rank-deficient block into a full one.
-TALL_KAPPA = 1e8
+# A block is taken as of full rank when its R's estimated condition number is below this (from
+# below, usually within ~2x: ``triangular_condition``): far under the SVD's rank cut (1 / RANK_RTOL
+# = 1e10), so an underestimate cannot turn a rank-deficient block into a full one.
+FULL_RANK_KAPPA = 1e8
 
 
 def _factor(
-    mat: torch.Tensor, parts: list[SubBlock] | None = None
+    mat: torch.Tensor,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, _Range | None, torch.Tensor | None]:
-    """How a statistics block is factored: (row-space basis Q, R with mat^T = Q R, None, None) when
-    a wide ``mat`` has full row rank (Cholesky QR twice, ``_cholesky_qr2``: GEMM and triangular
-    solves instead of Householder panels, and its first pass certifies the rank; ``parts``, the
-    block's sub-blocks disjoint in their columns, give that pass, ``_first_pass``); (None: the
-    identity, R, its Householder range, None) when a tall one has full column rank (Householder QR
-    without forming Q, which only meets targets, rather than Cholesky QR twice; its rank from R's
-    estimated condition number); else (basis, None, the SVD's range, s). Each choice's timings:
-    docs/benchmarks.md, "Speed paths in the probe"."""
-    if mat.shape[0] <= mat.shape[1]:
-        qr = _cholesky_qr2(mat.T, None if parts is None else _first_pass(parts, mat.shape))
-        if qr is not None:
-            return qr[0], qr[1], None, None
-    else:
-        a, tau = torch.geqrf(mat)
-        r = a[: mat.shape[1]].triu()
-        if triangular_condition(r) <= TALL_KAPPA:
-            return None, r, _Range(reflectors=(a, tau)), None
+    """How a statistics block is factored, by Householder QR of its tall side when R shows full
+    rank: a wide ``mat`` as mat^T = Q R, (row-space basis Q, R, None, None); a tall one as
+    mat = U R, (None: the identity, R, its range as U's reflectors (U never formed: it only meets
+    targets), None). Otherwise the rank is the SVD's: (basis, None, the SVD's range, s)."""
+    wide = mat.shape[0] <= mat.shape[1]
+    a, tau = torch.geqrf(mat.T if wide else mat)
+    r = a[: min(mat.shape)].triu()
+    if triangular_condition(r) <= FULL_RANK_KAPPA:
+        if wide:
+            return torch.linalg.householder_product(a, tau), r, None, None
+        return None, r, _Range(reflectors=(a, tau)), None
     u, sv, vh = torch.linalg.svd(mat, full_matrices=False)
     rank = int((sv > RANK_RTOL * sv[0]).sum())
     return vh[:rank].T, None, _Range(u[:, :rank]), sv[:rank]
-
-
-CHOLQR_ORTHOGONALITY = 0.1  # first-pass Cholesky QR: |Q1^T Q1 - I| below this, or SVD
-
-
-def _first_pass(parts: list[SubBlock], shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Cholesky QR's first pass on G^T (``_cholesky_qr2``) for a G (``shape``) made of sub-blocks
-    (rows_i, cols_i, M_i) disjoint in their columns: R_1 from G G^T = sum_i M_i M_i^T on rows_i
-    (a few MFLOP where the Gram of the dense G^T costs (rows / 2) x rows x cols), and
-    Q_1 = G^T R_1^-1 row block by row block, Q_1[cols_i] = M_i^T (R_1^-1)[rows_i] (R_1^-1 has
-    relative error ~eps kappa(G), far below the pass's own ~eps kappa(G)^2: the second pass is
-    as from the dense G^T). None when G G^T is not numerically positive definite."""
-    like = parts[0][2]
-    g = like.new_zeros(shape[0], shape[0])
-    products: dict[int, torch.Tensor] = {}  # W_V's rows share their block: its product once
-    for rows, _, mat in parts:
-        if id(mat) not in products:
-            products[id(mat)] = mat @ mat.T
-        g.index_put_((rows[:, None], rows[None, :]), products[id(mat)], accumulate=True)
-    r1, info = torch.linalg.cholesky_ex(g, upper=True)
-    if int(info):
-        return None
-    inverse = torch.linalg.solve_triangular(
-        r1, torch.eye(shape[0], dtype=like.dtype, device=like.device), upper=True
-    )
-    # Q_1 column-major, as a triangular solve leaves it: the layout the second pass's solve reads
-    # best (docs/benchmarks.md)
-    q1_t = like.new_empty(shape[0], shape[1])
-    for rows, cols, mat in parts:
-        q1_t[:, cols] = inverse[rows].T @ mat
-    return r1, q1_t.T
-
-
-def _cholesky_qr2(
-    mat: torch.Tensor, first: tuple[torch.Tensor, torch.Tensor] | None = None
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(Q, R) with mat = Q R for a tall ``mat`` of full column rank, by Cholesky QR twice on its
-    columns; None (take the SVD) when the first pass is not close to orthonormal. That pass is off
-    by ~eps kappa^2, so it certifies kappa <~ 2e7 (sigma_min far above RANK_RTOL sigma_max: full
-    rank), and the second pass is then orthonormal to ~eps (Yamamoto et al. 2015, "Roundoff error
-    analysis of the CholeskyQR2 algorithm"; measured 1.6e-15, as Householder QR). ``first``: that
-    pass's (R_1, Q_1) when the caller formed them from mat's structure (``_first_pass``)."""
-    if first is None:
-        r1, info = torch.linalg.cholesky_ex(gram(mat), upper=True)
-        if int(info):
-            return None
-        q1 = torch.linalg.solve_triangular(r1, mat, upper=True, left=False)
-    else:
-        r1, q1 = first
-    g1 = gram(q1)
-    eye = torch.eye(g1.shape[0], dtype=g1.dtype, device=g1.device)
-    if not bool(torch.isfinite(g1).all()) or float((g1 - eye).abs().max()) > CHOLQR_ORTHOGONALITY:
-        return None
-    r2 = torch.linalg.cholesky(g1, upper=True)
-    return torch.linalg.solve_triangular(r2, q1, upper=True, left=False), r2 @ r1
 
 
 def _reachable(
