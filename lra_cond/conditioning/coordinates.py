@@ -381,10 +381,13 @@ class DeflatedRows:
         d: int,
         basis: Deflation,
         columns: torch.Tensor | None = None,
+        transposed: bool = False,
     ) -> None:
         self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
+        self.transposed = transposed
         extra = 0 if columns is None else columns.shape[1]
-        self.shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n + extra)
+        shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n + extra)
+        self.shape = shape[::-1] if transposed else shape
 
     def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         if u is None:
@@ -392,6 +395,8 @@ class DeflatedRows:
         return (u.T @ m.reshape(u.shape[0], -1)).reshape(u.shape[1] * self.d, -1)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        if self.transposed:
+            return self._apply_t(v)
         n = self.basis.n
         full = self.basis.apply(v[:n])
         out, size = None, full.shape[0] // len(self.blocks)
@@ -402,27 +407,20 @@ class DeflatedRows:
             out = torch.addmm(out, self.columns, v[n:])
         return self._rotate(out, self.u)
 
+    def _apply_t(self, y: torch.Tensor) -> torch.Tensor:
+        back = y if self.u is None else self._rotate(y, self.u.T)  # U (x) I: back to the token rows
+        out = self.basis.apply_t(torch.cat([factored.apply_t(b, back, self.d) for b in self.blocks]))
+        return out if self.columns is None else torch.cat([out, self.columns.T @ back])
+
     @property
-    def T(self) -> _Transposed:  # noqa: N802 (reads like a tensor's)
-        return _Transposed(self)
+    def T(self) -> DeflatedRows:  # noqa: N802 (reads like a tensor's)
+        return DeflatedRows(self.blocks, self.u, self.d, self.basis, self.columns, not self.transposed)
 
     def dense(self) -> torch.Tensor:
         rows = self.blocks[0].left.shape[0] * self.d
         full = torch.cat([self._rotate(b.dense().reshape(rows, -1), self.u) for b in self.blocks], 1)
         out = self.basis.apply_t(full.T).T
         return out if self.columns is None else torch.cat([out, self.columns], 1)
-
-
-class _Transposed:
-    def __init__(self, rows: DeflatedRows) -> None:
-        self.rows = rows
-
-    def __matmul__(self, y: torch.Tensor) -> torch.Tensor:
-        u = self.rows.u
-        back = y if u is None else self.rows._rotate(y, u.T)  # U (x) I: back to the token rows
-        d = self.rows.d
-        out = self.rows.basis.apply_t(torch.cat([factored.apply_t(b, back, d) for b in self.rows.blocks]))
-        return out if self.rows.columns is None else torch.cat([out, self.rows.columns.T @ back])
 
 
 def materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Steps 4 and 5 of the probe: a scope's extreme non-null singular values from a triangular factor of
 its preconditioned Gram, and their check against the exact J (``solve``).
 
-* **The factor** R with R^T R = G' (``Upper``: Cholesky, or Householder QR of the preconditioned
+* **The factor** R with R^T R = G' (Cholesky, or Householder QR of the preconditioned
   rows, which never squares the condition number).
 * **Extremes by block Lanczos** (``top_eigenpair``; Golub & Van Loan, *Matrix Computations*, 4th
   ed., sec. 10.3) on R^T R for sigma_max^2 and on (R^T R)^{-1}, through triangular solves, for
@@ -109,29 +109,6 @@ def top_eigenpair(
     return result
 
 
-class Upper:
-    """A formed upper-triangular R."""
-
-    def __init__(self, r: torch.Tensor) -> None:
-        self.r = self.like = r
-
-    @property
-    def n(self) -> int:
-        return self.r.shape[0]
-
-    def apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
-        return self.r @ u
-
-    def apply_t(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
-        return self.r.T @ w
-
-    def solve(self, y: torch.Tensor) -> torch.Tensor:  # R^-1 y
-        return torch.linalg.solve_triangular(self.r, y, upper=True)
-
-    def solve_t(self, v: torch.Tensor) -> torch.Tensor:  # R^-T v
-        return torch.linalg.solve_triangular(self.r.T, v, upper=False)
-
-
 EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
 
@@ -159,7 +136,7 @@ class _Factor:
 
     rv: torch.Tensor | None  # (n_V,) diagonal of the value part (None: no value part)
     c: torch.Tensor | None  # (n_V, n_A) coupling rows of the rest in the value rows
-    r: Upper  # (n_A, n_A) R' (a formed tensor is taken as upper triangular)
+    r: torch.Tensor  # (n_A, n_A) R', upper triangular
     t: Preconditioner
     rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
     route: str
@@ -170,10 +147,6 @@ class _Factor:
     # ``c`` holds C T, the coupling on the preconditioned coordinates (C = c T^-1 applied through
     # T: no pass over the whole coupling to form C)
     c_preconditioned: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.r, torch.Tensor):
-            self.r = Upper(self.r)
 
     def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
         out = self.c.T @ y
@@ -206,7 +179,7 @@ class _Factor:
 
     @property
     def n(self) -> int:
-        return self.n_v + self.r.n
+        return self.n_v + self.r.shape[0]
 
     def gram_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J^T J u for sigma_max: through the exact J when the whole head's rows are one operator
@@ -227,23 +200,27 @@ class _Factor:
 
     def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
         ua = u[self.n_v :]
-        low = self.r.apply(self.t.solve(ua))
+        low = self.r @ self.t.solve(ua)
         if self.rv is None:
             return low
         return torch.cat([self.rv[:, None] * u[: self.n_v] + self._c(ua), low])
 
     def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
         if self.rv is None:
-            return self.t.solve_t(self.r.apply_t(w))
+            return self.t.solve_t(self.r.T @ w)
         wv, wa = w[: self.n_v], w[self.n_v :]
-        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(self.r.apply_t(wa))])
+        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(self.r.T @ wa)])
+
+    def _r_gram_solve(self, v: torch.Tensor) -> torch.Tensor:  # (R'^T R')^{-1} v
+        low = torch.linalg.solve_triangular(self.r.T, v, upper=False)
+        return torch.linalg.solve_triangular(self.r, low, upper=True)
 
     def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u
         if self.rv is None:
-            return self.t.apply(self.r.solve(self.r.solve_t(self.t.apply_t(u))))
+            return self.t.apply(self._r_gram_solve(self.t.apply_t(u)))
         uv, ua = u[: self.n_v], u[self.n_v :]
         wv = uv / self.rv[:, None]
-        za = self.t.apply(self.r.solve(self.r.solve_t(self.t.apply_t(ua - self._c_t(wv)))))
+        za = self.t.apply(self._r_gram_solve(self.t.apply_t(ua - self._c_t(wv))))
         return torch.cat([(wv - self._c(za)) / self.rv[:, None], za])
 
     def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
@@ -340,7 +317,7 @@ def _triangular(
 
 def _factor_extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
     """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
-    dtype, device = factor.r.like.dtype, factor.r.like.device
+    dtype, device = factor.r.dtype, factor.r.device
     top = top_eigenpair(
         factor.gram_apply, factor.n, factor.project, dtype, device, start=factor.value_cluster()
     )
