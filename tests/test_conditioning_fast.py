@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lra_cond import linalg
-from lra_cond.conditioning import coordinates, extremes, factored, jacobian_condition, nullspace, routes
+from lra_cond.conditioning import coordinates, extremes, jacobian_condition, nullspace
 from lra_cond.conditioning.coordinates import Preconditioner
 from lra_cond.conditioning.extremes import top_eigenpair
 from lra_cond.conditioning.linearised import linearise
@@ -181,16 +181,16 @@ def test_whole_head_from_factors_equals_the_dense_rows(monkeypatch: pytest.Monke
     x, mask = padded_input(5, 2, 30, 8)
     x = layer_norm(x) + 0.3 * torch.randn(8, dtype=torch.float64)  # a LayerNorm bias: key shift too
     taken = []
-    real_head = routes.factored_head
+    real_head = jacobian_module.factored_head
 
     def spy(*args):  # noqa: ANN002, ANN202
         taken.append(True)
         return real_head(*args)
 
-    monkeypatch.setattr(routes, "factored_head", spy)
+    monkeypatch.setattr(jacobian_module, "factored_head", spy)
     fast = jacobian_condition(layer, x, mask, per_block=False)
     assert taken == [True, True]
-    real_spectra = routes.head_spectra
+    real_spectra = jacobian_module.head_spectra
     monkeypatch.setattr(jacobian_module, "head_spectra", lambda *a, **k: real_spectra(*a[:-1], None, **k))
     rows = jacobian_condition(layer, x, mask, per_block=False)
     dense = jacobian_condition(layer, x, mask, method="dense", per_block=False)
@@ -235,7 +235,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
     monkeypatch.setattr(coordinates, "factored_kept", spy)
     fast = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     assert taken == [(factored_blocks, family == "linear")] * heads  # linear: Q, next to K/V columns
-    real_spectra = routes.head_spectra
+    real_spectra = jacobian_module.head_spectra
     monkeypatch.setattr(jacobian_module, "head_spectra", lambda *a, **k: real_spectra(*a[:-1], None, **k))
     rows = jacobian_condition(layer, x, mask, blocks=blocks, per_block=False)
     dense = jacobian_condition(layer, x, mask, blocks=blocks, method="dense", per_block=False)
@@ -1113,30 +1113,30 @@ def test_factored_products_equal_the_dense_block() -> None:
     lb, w = randn(d, d), randn(p, p)
     for f, j in zip(blocks, dense):
         torch.testing.assert_close(f.dense().reshape(t * d, -1), j, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(factored.apply(f, v, d), j @ v, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(factored.apply_t(f, y, d), j.T @ y, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.apply(v), j @ v, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.apply_t(y), j.T @ y, rtol=1e-12, atol=1e-12)
         want = (u.T @ j.reshape(t, -1)).reshape(3 * d, d * p)
-        torch.testing.assert_close(factored.rows_rotated(f, u), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(coordinates.rows_rotated(f, u), want, rtol=1e-12, atol=1e-12)
         for g, k in zip(blocks, dense):
-            torch.testing.assert_close(factored.cross_gram(f, g), j.T @ k, rtol=1e-12, atol=1e-12)
-        pre = factored.preconditioned(f, lb, w).dense().reshape(t * d, -1)
+            torch.testing.assert_close(coordinates.cross_gram(f, g), j.T @ k, rtol=1e-12, atol=1e-12)
+        pre = coordinates.preconditioned(f, lb, w).dense().reshape(t * d, -1)
         torch.testing.assert_close(pre, j @ torch.kron(lb, w), rtol=1e-12, atol=1e-12)
         # blocks of different input widths (a rotated block's perp and par coordinates)
-        narrow, w_narrow = factored.preconditioned(f, lb, w[:, :3]), torch.kron(lb, w[:, :3])
+        narrow, w_narrow = coordinates.preconditioned(f, lb, w[:, :3]), torch.kron(lb, w[:, :3])
         for g, k in zip(blocks, dense):
-            got = factored.cross_gram(narrow, g)
+            got = coordinates.cross_gram(narrow, g)
             torch.testing.assert_close(got, (j @ w_narrow).T @ k, rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(factored.cross_gram(g, narrow), got.T, rtol=1e-12, atol=1e-12)
-        out = factored.output_side(f)  # whitens sum over rows and c of J[., (b, c)] J[., (b', c)]
+            torch.testing.assert_close(coordinates.cross_gram(g, narrow), got.T, rtol=1e-12, atol=1e-12)
+        out = coordinates.output_side(f)  # whitens sum over rows and c of J[., (b, c)] J[., (b', c)]
         side = torch.einsum("nbc,nec->be", j.reshape(-1, d, p), j.reshape(-1, d, p))
         torch.testing.assert_close(out.T @ side @ out, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-9)
         # the correction's products, once formed for f (here by its output side), are carried
         # into its preconditioned factors rather than formed again
         if f.low_rank is not None:
-            carried = factored.preconditioned(f, lb, w[:, :3])
+            carried = coordinates.preconditioned(f, lb, w[:, :3])
             assert "correction_of" in carried.cache  # formed when first asked
             for g, k in zip([*blocks, carried], [*dense, j @ w_narrow]):
-                got = factored.cross_gram(carried, g)
+                got = coordinates.cross_gram(carried, g)
                 torch.testing.assert_close(got, (j @ w_narrow).T @ k, rtol=1e-12, atol=1e-12)
 
 
@@ -1170,7 +1170,7 @@ def test_sum_over_inputs_contracts_rows_and_inputs(same: bool) -> None:
     a = torch.randn(r, d * p, generator=gen, dtype=torch.float64)
     b = a if same else torch.randn(r, d * p, generator=gen, dtype=torch.float64)
     want = torch.einsum("jbc,jec->be", a.view(r, d, p), b.view(r, d, p))
-    torch.testing.assert_close(factored.sum_over_inputs(a, b, d, rows=64), want, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(coordinates.sum_over_inputs(a, b, d, rows=64), want, rtol=1e-13, atol=1e-13)
 
 
 @pytest.mark.parametrize("output_side", [True, False], ids=["o-and-m", "m-only"])

@@ -1,4 +1,4 @@
-"""The whole head's Schur complement of the value block, whitened (``routes._schur_whitened``),
+"""The whole head's Schur complement of the value block, whitened (``jacobian._schur_whitened``),
 against a dense float64 reference."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lra_cond.conditioning import routes
+from lra_cond.conditioning import jacobian
 
 
 @pytest.mark.parametrize("definite", [True, False])
@@ -23,7 +23,7 @@ def test_the_schur_complement_is_whitened(definite: bool) -> None:
     if not definite:
         a[:, -1] = 0.0
     g = a.T @ a + c.T @ c
-    whitened, r_c = routes._schur_whitened(
+    whitened, r_c = jacobian._schur_whitened(
         g[:n_p, :n_p].clone(), g[:n_p, n_p:].clone(), g[n_p:, n_p:].clone(), c[:, :n_p], c[:, n_p:]
     )
     eye = torch.eye(n_c, dtype=g.dtype)

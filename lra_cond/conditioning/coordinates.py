@@ -20,8 +20,9 @@ preconditioner, and its exact rows as an operator.
 * **Exact rows** (``DeflatedRows``): J on those coordinates through a family's factors, never
   formed unless a fallback needs them.
 * **Scopes whose blocks all come as factors** (``factored_scope``, ``factored_kept``): every Gram
-  from the factors (``factored``), each block's preconditioned factors and Gram formed once per
-  probe and shared by the whole head and the block alone (``kept_coordinates``).
+  from the factors (this module's last part: ``cross_gram`` and its helpers), each block's
+  preconditioned factors and Gram formed once per probe and shared by the whole head and the block
+  alone (``kept_coordinates``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from itertools import accumulate
 
 import torch
 
-from lra_cond.conditioning import factored, nullspace
-from lra_cond.conditioning.families.base import Factored
+from lra_cond.conditioning import nullspace
+from lra_cond.conditioning.families.base import Factored, Mixing, TokenMixing
 from lra_cond.conditioning.nullspace import NullStructure
-from lra_cond.linalg import RANK_RTOL, gram, orthonormal_basis
+from lra_cond.linalg import RANK_RTOL, gram, kron_right, orthonormal_basis
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
 
@@ -69,7 +70,7 @@ class GaugeComplement:
         (s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i): column (i, j) of the complement is
         (alpha_ij + beta_ij s^Q_i / s^K_j) J_Q(u^K_j (x) vh^Q_i) = J_Q(u^K_j (x) vh^Q_i) / alpha_ij.
         One block's factor, not two: the complement's Grams with K need K's perp columns only."""
-        return factored.preconditioned(fs[0], self.u[1], self.rows[0])
+        return preconditioned(fs[0], self.u[1], self.rows[0])
 
     def scale(self, m: torch.Tensor) -> torch.Tensor:
         """M comp from M's products with ``factor``'s columns (n, d^2): reindexed (j, i) -> (i, j)
@@ -245,7 +246,7 @@ def input_whitening(x: torch.Tensor, rtol: float = RANK_RTOL) -> torch.Tensor:
 def output_whitening(a: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
     """L with (a reshaped (m, d, p)) contracted over rows and c having unit Gram on b: the
     Kronecker preconditioner's output side (the inverse Cholesky factor, transposed)."""
-    return factored.inverse_cholesky_t(factored.sum_over_inputs(a, a, d, rows))
+    return inverse_cholesky_t(sum_over_inputs(a, a, d, rows))
 
 
 def dense_whitening(a: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
@@ -401,7 +402,7 @@ class DeflatedRows:
         full = self.basis.apply(v[:n])
         out, size = None, full.shape[0] // len(self.blocks)
         for i, b in enumerate(self.blocks):
-            part = factored.apply(b, full[i * size : (i + 1) * size], self.d)
+            part = b.apply(full[i * size : (i + 1) * size])
             out = part if out is None else out + part
         if self.columns is not None:
             out = torch.addmm(out, self.columns, v[n:])
@@ -409,7 +410,7 @@ class DeflatedRows:
 
     def _apply_t(self, y: torch.Tensor) -> torch.Tensor:
         back = y if self.u is None else self._rotate(y, self.u.T)  # U (x) I: back to the token rows
-        out = self.basis.apply_t(torch.cat([factored.apply_t(b, back, self.d) for b in self.blocks]))
+        out = self.basis.apply_t(torch.cat([b.apply_t(back) for b in self.blocks]))
         return out if self.columns is None else torch.cat([out, self.columns.T @ back])
 
     @property
@@ -505,7 +506,7 @@ def block_grams(fs1: list[Factored], fs2: list[Factored] | None, like: torch.Ten
         rows = slice(off1[i], off1[i + 1])
         for j in range(i if sym else 0, len(fs2)):
             cols = slice(off2[j], off2[j + 1])
-            g[rows, cols] = _self_gram(fi) if sym and j == i else factored.cross_gram(fi, fs2[j])
+            g[rows, cols] = _self_gram(fi) if sym and j == i else cross_gram(fi, fs2[j])
             if sym and j != i:
                 g[cols, rows] = g[rows, cols].T
     return g
@@ -516,7 +517,7 @@ def _self_gram(f: Factored) -> torch.Tensor:
     every coordinate kept are shared by its scopes (``_kept_factor``), so the whole head and the
     block alone read the same Gram."""
     if "self_gram" not in f.cache:
-        f.cache["self_gram"] = factored.cross_gram(f, f)
+        f.cache["self_gram"] = cross_gram(f, f)
     return f.cache["self_gram"]
 
 
@@ -526,7 +527,7 @@ def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> to
     g = block_grams(pre, None, pre[0].left)
     if columns is None:
         return g
-    across = torch.cat([factored.apply_t(f, columns, f.left.shape[-1]) for f in pre])
+    across = torch.cat([f.apply_t(columns) for f in pre])
     # filled in place: nested cats copied every block twice
     n = g.shape[0]
     out = g.new_empty(n + columns.shape[1], n + columns.shape[1])
@@ -554,8 +555,8 @@ def _kept_factor(f: Factored, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     them the block's Gram (``_self_gram``)."""
     cached = f.cache.get("kept")
     if cached is None or cached[0] is not x:
-        lb, w = factored.output_side(f), input_whitening(x)
-        f.cache["kept"] = cached = (x, lb, w, factored.preconditioned(f, lb, w))
+        lb, w = output_side(f), input_whitening(x)
+        f.cache["kept"] = cached = (x, lb, w, preconditioned(f, lb, w))
     return cached[1:]
 
 
@@ -586,7 +587,7 @@ def factored_scope(
     f: Factored, null: torch.Tensor, d: int, dim: int, x: torch.Tensor
 ) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor, torch.Tensor | None]:
     """A single block given as factors: its exact rows (an operator), Kronecker preconditioner and
-    preconditioned Gram formed from the factors (``factored``) and the null directions left to
+    preconditioned Gram formed from the factors (``cross_gram``) and the null directions left to
     regularise. When every null direction is input-side (u w^T: the par
     coordinates entirely null) they are deflated by rotating the input side (None left); otherwise
     the whole block is kept (``factored_kept``) and all of them are returned (an orthonormal basis)."""
@@ -595,9 +596,172 @@ def factored_scope(
         return (*factored_kept([f], None, d, x), orthonormal_basis(null))
     # the par input coordinates carry null directions only (J vanishes there), so the output side
     # over v_perp is the block's own; its input side rotated to v_perp and whitened
-    lb, w = factored.output_side(f), input_whitening(x @ v_perp)
-    pre = factored.preconditioned(f, lb, v_perp @ w)
+    lb, w = output_side(f), input_whitening(x @ v_perp)
+    pre = preconditioned(f, lb, v_perp @ w)
     t = Preconditioner()
     t.add_kron(lb, w)
     on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
-    return [DeflatedRows([f], None, d, on_perp)], t, factored.cross_gram(pre, pre), None
+    return [DeflatedRows([f], None, d, on_perp)], t, cross_gram(pre, pre), None
+
+
+# Grams from per-token factors. A block's rows (i, a) for token i and columns (b, c) (a d x D'
+# weight, row-major) come from the family as ``Factored``: token i's d x (d p) row block is
+# ``query_local``: J_i[a, (b, c)] = G_i[a, b] x_i[c], or ``outer``: J_i[a, (b, c)] = q_i[b] R_i[a, c].
+# Every product below is a sum over tokens of d x p pieces, so it costs T d^2 p^2 flops where the
+# dense block's costs T d (d p)^2, and keeps nothing of size T x d x d p. A block's low-rank
+# correction E Z (rank r) adds products through its r columns: ~T d p r + (d p)^2 r.
+
+
+def inverse_cholesky_t(g: torch.Tensor) -> torch.Tensor:
+    """L with L^T g L = I (up to a 1e-12 relative shift): a Kronecker factor's output side."""
+    g = g + 1e-12 * g.diagonal().mean() * torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+    return torch.linalg.inv(torch.linalg.cholesky(g)).T
+
+
+def output_side(f: Factored) -> torch.Tensor:
+    """L_b whitening the block's output side: the inverse Cholesky factor (transposed) of
+    sum_i,a,c J[(i, a), (b, c)] J[(i, a), (b', c)]. A sum over the inputs, so any rotation of them
+    keeps it: formed once per block (kept in its cache) for every scope that preconditions it."""
+    if "output_side" not in f.cache:
+        f.cache["output_side"] = _output_side(f)
+    return f.cache["output_side"]
+
+
+def _output_side(f: Factored) -> torch.Tensor:
+    if f.kind == "query_local":
+        g_left = f.left.transpose(1, 2) @ f.left  # G_i^T G_i
+        m = torch.einsum("ibe,i->be", g_left, f.right.square().sum(1))
+    else:
+        m = torch.einsum("ib,ie,i->be", f.left, f.left, f.right.square().sum((1, 2)))
+    if f.low_rank is not None:  # + the same sum over c of Z^T V + V^T Z (see ``cross_gram``)
+        z = f.low_rank[1]
+        zv = sum_over_inputs(z.reshape(z.shape[0], -1), _correction_products(f)[1], z.shape[1])
+        m = m + zv + zv.T
+    return inverse_cholesky_t(m)
+
+
+def sum_over_inputs(a: torch.Tensor, b: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
+    """sum_j,c a[j, (b, c)] b[j, (e, c)] for a, b (r, d p) in the (b, c) column layout: summed over
+    chunks of rows, each transposed to (d, rows p) while in cache (not one product of the whole
+    (d, r p) transposed copies, a batched product or an einsum: docs/benchmarks.md, "Speed paths in
+    the probe")."""
+
+    def chunk(m: torch.Tensor, start: int) -> torch.Tensor:
+        return m[start : start + rows].reshape(-1, d, m.shape[1] // d).transpose(0, 1).reshape(d, -1)
+
+    out = a.new_zeros(d, d)
+    for start in range(0, a.shape[0], rows):
+        a2 = chunk(a, start)
+        out.addmm_(a2, (a2 if b is a else chunk(b, start)).T)
+    return out
+
+
+def preconditioned(f: Factored, lb: torch.Tensor | None, w: torch.Tensor) -> Factored:
+    """The factors of J (L_b (x) W) (``lb`` None: J (I (x) W)): the output side multiplies the
+    weight rows, W the inputs."""
+    left = f.left if lb is None else f.left @ lb  # G_i L / q_i^T L, and x_i^T W / R_i W
+    low_rank = None
+    if f.low_rank is not None:  # Z_j -> L^T Z_j W
+        mix, z = f.low_rank
+        d = z.shape[1]
+        low_rank = (mix, kron_right(z.reshape(z.shape[0], -1), lb, w, d).view(z.shape[0], d, -1))
+    out = Factored(f.kind, left, f.right @ w, low_rank)
+    if "correction" in f.cache:  # E^T (B (L (x) W)) = (E^T B) (L (x) W), and E^T E Z alike: ~1/3
+        out.cache["correction_of"] = (f.cache["correction"], lb, w)  # of their cost from the factors
+    return out
+
+
+def _correction_products(f: Factored) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E^T B, V = E^T B + E^T E Z / 2), each (r, d p), for a corrected block J = B + E Z: every Gram
+    with the block needs them (its own: J^T J = B^T B + Z^T V + V^T Z), so they are formed once per
+    block (kept in its cache)."""
+    if "correction" not in f.cache:
+        if "correction_of" in f.cache:  # its block's, carried by ``preconditioned``: formed only
+            products, lb, w = f.cache.pop("correction_of")  # when asked (most pieces never are)
+            d = f.left.shape[-1]
+            f.cache["correction"] = tuple(kron_right(c, lb, w, d) for c in products)
+        else:
+            mix, z = f.low_rank  # type: ignore[misc]
+            eb = _mix_t_base(mix, f.base)
+            f.cache["correction"] = (eb, mix.cross(mix, z.reshape(z.shape[0], -1), add_to=eb, alpha=0.5))
+    return f.cache["correction"]
+
+
+def _mix_t_base(mix: Mixing, base: Factored) -> torch.Tensor:
+    """E^T B for a correction's E and a block's per-token part B (no correction), (r, d p): for
+    E = F (x) I_d that is B's rows rotated by F (T m d^2 p flops, nothing of size T d x r formed)."""
+    if isinstance(mix, TokenMixing):
+        return rows_rotated(base, mix.f)
+    return base.apply_t(mix.flat).T
+
+
+def _kron_layout(m: torch.Tensor, d: int, p1: int, p2: int) -> torch.Tensor:
+    """[(b, b'), (c, c')] -> [(b, c), (b', c')]."""
+    return m.reshape(d, d, p1, p2).permute(0, 2, 1, 3).reshape(d * p1, d * p2)
+
+
+def _base_cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
+    t, d = f1.left.shape[0], f1.left.shape[-1]
+    p1, p2 = f1.right.shape[-1], f2.right.shape[-1]  # the blocks' input widths may differ
+    if f1.kind == "outer" and f2.kind == "query_local":
+        return _base_cross_gram(f2, f1).T
+    if f1.kind == f2.kind == "query_local":  # sum_i (G_i^T G'_i)[b, b'] x_i[c] x'_i[c']
+        left = (f1.left.transpose(1, 2) @ f2.left).reshape(t, d * d)
+        right = (f1.right[:, :, None] * f2.right[:, None, :]).reshape(t, p1 * p2)
+        return _kron_layout(left.T @ right, d, p1, p2)
+    if f1.kind == f2.kind == "outer":  # sum_i q_i[b] q'_i[b'] (R_i^T R'_i)[c, c']
+        left = (f1.left[:, :, None] * f2.left[:, None, :]).reshape(t, d * d)
+        right = (f1.right.transpose(1, 2) @ f2.right).reshape(t, p1 * p2)
+        return _kron_layout(left.T @ right, d, p1, p2)
+    # query_local x outer: sum_i M_i[b, c'] x_i[c] q'_i[b'], M_i = G_i^T R'_i
+    m = (f1.left.transpose(1, 2) @ f2.right).reshape(t, d * p2)  # [i, (b, c')]
+    n = (f1.right[:, :, None] * f2.left[:, None, :]).reshape(t, p1 * d)  # [i, (c, b')]
+    return (m.T @ n).reshape(d, p2, p1, d).permute(0, 2, 3, 1).reshape(d * p1, d * p2)
+
+
+def cross_gram(f1: Factored, f2: Factored) -> torch.Tensor:
+    """J1^T J2 over all tokens, (d p1) x (d p2). With corrections J = B + E Z:
+    B1^T B2 + Z1^T (E1^T B2 + E1^T E2 Z2) + (B1^T E2) Z2, the products with one E taken from the
+    block that shares it (``_correction_products``) when both blocks have the same E."""
+    g = _base_cross_gram(f1.base, f2.base)
+    if f1 is f2 and f1.low_rank is not None:  # J^T J = B^T B + Z^T V + (Z^T V)^T, V = E^T B + E^T E Z / 2
+        z2 = f1.low_rank[1].reshape(f1.low_rank[1].shape[0], -1)
+        zv = z2.T @ _correction_products(f1)[1]
+        return g.add_(zv).add_(zv.T)  # (g is this call's own: no n x n temporaries)
+    mix1 = None if f1.low_rank is None else f1.low_rank[0]
+    mix2 = None if f2.low_rank is None else f2.low_rank[0]
+    shared = mix1 is not None and mix1 is mix2
+    if mix1 is not None:
+        z1 = f1.low_rank[1]  # type: ignore[index]
+        if shared:  # E^T B2 + E^T E Z2 = 2 V2 - E^T B2
+            eb2, v2 = _correction_products(f2)
+            v = v2.mul(2.0).sub_(eb2)
+        else:
+            v = _mix_t_base(mix1, f2.base)
+            if mix2 is not None:
+                z2 = f2.low_rank[1]  # type: ignore[index]
+                v = v + mix1.cross(mix2, z2.reshape(z2.shape[0], -1))
+        g = g.addmm_(z1.reshape(z1.shape[0], -1).T, v)
+    if mix2 is not None:
+        z2 = f2.low_rank[1]  # type: ignore[index]
+        eb1 = _correction_products(f1)[0] if shared else _mix_t_base(mix2, f1.base)
+        g = g.addmm_(eb1.T, z2.reshape(z2.shape[0], -1))
+    return g
+
+
+def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
+    """(U^T (x) I_d) J: rows (m, a) = sum_i U[i, m] J[(i, a), :] for U (T, r), as (r d) x (d p)."""
+    t, d = f.left.shape[0], f.left.shape[-1]
+    p, r = f.right.shape[-1], u.shape[1]
+    if f.kind == "query_local":  # sum_i U[i, m] x_i[c] G_i[a, b]
+        z = (u[:, :, None] * f.right[:, None, :]).reshape(t, r * p)
+        out = (z.T @ f.left.reshape(t, d * d)).reshape(r, p, d, d)  # [m, c, a, b]
+        out = out.permute(0, 2, 3, 1).reshape(r * d, d * p)
+    else:
+        z = (u[:, :, None] * f.left[:, None, :]).reshape(t, r * d)  # sum_i U[i, m] q_i[b] R_i[a, c]
+        out = (z.T @ f.right.reshape(t, d * p)).reshape(r, d, d, p)  # [m, b, a, c]
+        out = out.permute(0, 2, 1, 3).reshape(r * d, d * p)
+    if f.low_rank is not None:  # ((U^T (x) I) E) Z
+        mix, zc = f.low_rank
+        out = out + mix.rotated(u).apply(zc.reshape(zc.shape[0], -1))
+    return out

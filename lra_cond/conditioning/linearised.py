@@ -28,7 +28,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
-from lra_cond.conditioning import factored
 from lra_cond.conditioning.families import FamilyJacobian, family_jacobian
 from lra_cond.conditioning.families.base import (
     BLOCKS,
@@ -105,7 +104,7 @@ class HeadJacobian:
             vb = v[i * self.size : (i + 1) * self.size]
             part = self.parts[b]
             if isinstance(part, Factored):
-                prod = factored.apply(part, vb, self.d)
+                prod = part.apply(vb)
             elif isinstance(part, ValueBlock):
                 prod = part.apply(vb)
             elif part.is_contiguous():  # its (T, d, d, D') entries as (T d, d D'): a view

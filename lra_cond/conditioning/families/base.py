@@ -277,6 +277,34 @@ class Factored:
             out += mix.apply(z.reshape(z.shape[0], -1)).reshape(out.shape)
         return out
 
+    def apply(self, v: torch.Tensor) -> torch.Tensor:
+        """J v for v (d p, k), as (T d, k): per token d x d and d x p products, never the block."""
+        t, d, p, k = self.left.shape[0], self.left.shape[-1], self.right.shape[-1], v.shape[1]
+        v3 = v.reshape(d, p, k)
+        if self.kind == "query_local":  # G_i (V x_i): W[i, b] = sum_c x_i[c] V[b, c]
+            w = torch.einsum("ic,bck->ibk", self.right, v3)
+            out = (self.left @ w).reshape(t * d, k)
+        else:
+            w = torch.einsum("ib,bck->ick", self.left, v3)  # R_i (V^T q_i)
+            out = (self.right @ w).reshape(t * d, k)
+        if self.low_rank is not None:
+            mix, z = self.low_rank
+            out = out + mix.apply(z.reshape(z.shape[0], -1) @ v)
+        return out
+
+    def apply_t(self, y: torch.Tensor) -> torch.Tensor:
+        """J^T y for y (T d, k), as (d p, k)."""
+        t, d, k = self.left.shape[0], self.left.shape[-1], y.shape[1]
+        y3 = y.reshape(t, d, k)
+        if self.kind == "query_local":  # sum_i x_i[c] (G_i^T y_i)[b]
+            out = torch.einsum("ic,ibk->bck", self.right, self.left.transpose(1, 2) @ y3).reshape(-1, k)
+        else:
+            out = torch.einsum("ib,ick->bck", self.left, self.right.transpose(1, 2) @ y3).reshape(-1, k)
+        if self.low_rank is not None:
+            mix, z = self.low_rank
+            out = out + z.reshape(z.shape[0], -1).T @ mix.apply_t(y)
+        return out
+
     @staticmethod
     def cat(parts: list[Factored]) -> Factored:
         """Every sequence's rows; a correction of each stays within its own rows (block diagonal)."""
