@@ -38,7 +38,7 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     structure = nullspace.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
     closed = coordinates.gauge_complement(structure, ["q", "k"], k, d, dim)
     assert closed is not None
-    operator = closed.comp()  # never formed: against its columns formed here from their definition
+    operator = closed  # its columns as an operator, never formed: against them formed here
     eye = torch.eye(d, dtype=torch.float64)
     on_q = torch.einsum("bj,ci,ij->bcij", closed.u[1], eye, closed.alpha).reshape(d * d, d * d)
     on_k = torch.einsum("bi,cj,ij->bcij", closed.u[0], eye, closed.beta).reshape(d * d, d * d)

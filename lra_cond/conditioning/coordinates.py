@@ -28,7 +28,7 @@ preconditioner, and its exact rows as an operator.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 import torch
@@ -45,22 +45,44 @@ INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of t
 class GaugeComplement:
     """An orthonormal basis of the complement of the gauge and the null inputs, per block (q, k):
     ``perp`` (D', p_b) input directions kept whole, ``rows`` (D', d) the gauge's input directions
-    (Vh_b^T); and the d^2 columns on the latter, (alpha_ij u^K_j (x) e_i, beta_ij u^Q_i (x) e_j)."""
+    (Vh_b^T); and the d^2 columns on the latter, (alpha_ij u^K_j (x) e_i, beta_ij u^Q_i (x) e_j),
+    which the object applies itself (``@``, ``.T``) through U_Q, U_K and the scales, never formed:
+    on Q's rows coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's
+    beta_ij U_Q[b, i] [c = j], so a product with k columns costs ~4 d^3 k flops where the dense
+    (2 d^2, d^2) matrix reads 2 d^4 entries, twice per product of a whole head's exact rows."""
 
     perp: list[torch.Tensor]
     rows: list[torch.Tensor]
     u: tuple[torch.Tensor, torch.Tensor]  # (U_Q, U_K)
     alpha: torch.Tensor  # (d, d) [i, j]
     beta: torch.Tensor
+    transposed: bool = False  # as an operator: the columns' transpose
 
     @property
     def d(self) -> int:
         return self.alpha.shape[0]
 
-    def comp(self) -> ComplementColumns:
+    @property
+    def shape(self) -> tuple[int, int]:
+        d = self.d
+        return (d * d, 2 * d * d) if self.transposed else (2 * d * d, d * d)
+
+    @property
+    def T(self) -> GaugeComplement:  # noqa: N802 (reads like a tensor's)
+        return replace(self, transposed=not self.transposed)
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
         """The d^2 columns on the blocks' ``rows`` coordinates (rows (b, c): output b, input
-        ``rows[:, c]``), (2 d^2, d^2), as an operator: never formed (``ComplementColumns``)."""
-        return ComplementColumns(self)
+        ``rows[:, c]``), (2 d^2, d^2), times v (or their transpose's product)."""
+        d, k, (u_q, u_k) = self.d, v.shape[1], self.u
+        if self.transposed:  # [(b, c) on Q | (b, c) on K] -> (i, j)
+            on_q = (u_k.T @ v[: d * d].reshape(d, -1)).view(d, d, k).transpose(0, 1)  # [i, j, k]
+            on_k = (u_q.T @ v[d * d :].reshape(d, -1)).view(d, d, k)  # [i, j, k]
+            return (on_q * self.alpha[:, :, None] + on_k * self.beta[:, :, None]).reshape(d * d, k)
+        v3 = v.reshape(d, d, k)  # [i, j, k]
+        on_q = u_k @ (v3 * self.alpha[:, :, None]).transpose(0, 1).reshape(d, -1)  # [b, (c = i, k)]
+        on_k = u_q @ (v3 * self.beta[:, :, None]).reshape(d, -1)  # [b, (c = j, k)]
+        return torch.cat([on_q, on_k]).reshape(2 * d * d, k)
 
     def factor(self, fs: list[Factored]) -> Factored:
         """J_Q (U_K (x) Vh_Q^T) (columns (j, i)): the complement's columns of J, up to ``scale``.
@@ -81,33 +103,6 @@ class GaugeComplement:
     def gram(self, g: torch.Tensor) -> torch.Tensor:
         """comp^T G comp from G, the Gram of ``factor``'s columns (d^2, d^2)."""
         return self.scale(self.scale(g).T)
-
-
-class ComplementColumns:
-    """``GaugeComplement.comp``'s columns applied through U_Q, U_K and the scales, never formed: on Q's rows
-    coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's beta_ij U_Q[b, i] [c = j],
-    so a product with k columns costs ~4 d^3 k flops where the dense (2 d^2, d^2) matrix reads 2 d^4
-    entries, twice per product of a whole head's exact rows."""
-
-    def __init__(self, complement: GaugeComplement, transposed: bool = False) -> None:
-        self.c, self.transposed = complement, transposed
-        d = complement.d
-        self.shape = (d * d, 2 * d * d) if transposed else (2 * d * d, d * d)
-
-    @property
-    def T(self) -> ComplementColumns:  # noqa: N802 (reads like a tensor's)
-        return ComplementColumns(self.c, not self.transposed)
-
-    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        d, k, (u_q, u_k) = self.c.d, v.shape[1], self.c.u
-        if self.transposed:  # [(b, c) on Q | (b, c) on K] -> (i, j)
-            on_q = (u_k.T @ v[: d * d].reshape(d, -1)).view(d, d, k).transpose(0, 1)  # [i, j, k]
-            on_k = (u_q.T @ v[d * d :].reshape(d, -1)).view(d, d, k)  # [i, j, k]
-            return (on_q * self.c.alpha[:, :, None] + on_k * self.c.beta[:, :, None]).reshape(d * d, k)
-        v3 = v.reshape(d, d, k)  # [i, j, k]
-        on_q = u_k @ (v3 * self.c.alpha[:, :, None]).transpose(0, 1).reshape(d, -1)  # [b, (c = i, k)]
-        on_k = u_q @ (v3 * self.c.beta[:, :, None]).reshape(d, -1)  # [b, (c = j, k)]
-        return torch.cat([on_q, on_k]).reshape(2 * d * d, k)
 
 
 def gauge_complement(
@@ -307,12 +302,12 @@ class Deflation:
     (``perp`` (D', p_b): coordinates free of null directions, kept as they are; ``par`` (D', s_b):
     the null directions' input span), and ``comp`` (sum_b d s_b, n_c): an orthonormal complement
     of the null directions inside the par coordinates (a tensor, or an operator with ``shape``,
-    ``@`` and ``.T``: ``ComplementColumns``). Columns: every block's perp coordinates
+    ``@`` and ``.T``: ``GaugeComplement``). Columns: every block's perp coordinates
     (d x p_b each), then the complement."""
 
     perp: list[torch.Tensor]
     par: list[torch.Tensor]
-    comp: torch.Tensor | ComplementColumns
+    comp: torch.Tensor | GaugeComplement
     d: int
 
     @property

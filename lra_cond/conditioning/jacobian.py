@@ -529,7 +529,7 @@ def factored_head(
     fs, null = head.fs, head.null
     d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
     if closed is not None:
-        basis = Deflation(closed.perp, closed.rows, closed.comp(), d)
+        basis = Deflation(closed.perp, closed.rows, closed, d)
         if not _spans_null(basis, null):
             closed = None
     if closed is None:
