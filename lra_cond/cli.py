@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from lra_cond.errors import Interrupted, OneLineParser, UserError, user_path
+from lra_cond.heap import no_kernel_cache
 from lra_cond.help_text import help_row, parse_error_message, prog
 from lra_cond.quiet import quiet_third_party
 from lra_cond.training.arguments import expand_shortcuts, pop_option
@@ -407,6 +408,7 @@ def run_lightning(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    no_kernel_cache()
     quiet_third_party()
     try:
         if not argv or argv[0] in ("-h", "--help"):

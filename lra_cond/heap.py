@@ -11,6 +11,7 @@ unmaps it when freed, so the next one page-faults its way in again, onto freshly
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,6 +55,17 @@ def heap_kept() -> Iterator[None]:
             libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
             libc.mallopt(M_MMAP_MAX, 65536)
             libc.malloc_trim(0)
+
+
+def no_kernel_cache() -> None:
+    """Keep no compiled oneDNN kernel per tensor shape (unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is
+    set already). On CPU, torch runs some operations (GELU among them) through oneDNN, which compiles
+    a kernel for each new shape and caches up to 1024 of them. Batches run as length groups bring new
+    shapes at every step, so the cache almost never hits, and each entry it adds lands between the
+    step's freed activations: glibc's heap then fragments and grows for thousands of steps (a
+    ListOps fit reached 6 GB resident where a step needs 1.5 GB; docs/benchmarks.md, "Resident
+    memory of a long fit"). Read by oneDNN at its first kernel, so call this before any."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
 
 
 def release_free_memory() -> None:

@@ -1,4 +1,7 @@
-"""``lra_cond.heap.heap_kept``: large blocks reused within (no page faults for a block that fits a
+"""``lra_cond.heap.no_kernel_cache``: GELU on a new shape at every call leaves nothing behind in the
+heap (with oneDNN's cache it keeps a compiled kernel per shape).
+
+``lra_cond.heap.heap_kept``: large blocks reused within (no page faults for a block that fits a
 freed one), handed back after (the process's resident memory returns), mapped again after, also
 when the body raises, and a nested exit keeps the outer policy. Measured in a fresh interpreter:
 what an allocation costs depends on the heap an earlier test left (a free resident hole serves a
@@ -12,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's allocator only"
@@ -108,3 +112,43 @@ def test_a_nested_use_keeps_the_outer_policy(monkeypatch) -> None:
         ("malloc_trim", 0),
     ]
     assert heap._depth == 0
+
+
+KERNEL_CACHE_CHILD = r"""
+import ctypes, json, sys
+if sys.argv[1] == "off":
+    from lra_cond.heap import no_kernel_cache
+    no_kernel_cache()
+import torch
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+torch.set_num_threads(1)
+gelu = torch.nn.GELU()
+gelu(torch.randn(2, 7, 128))
+before = libc.mallinfo2().uordblks
+for n in range(100, 300):  # 200 shapes, as length-grouped batches bring them
+    gelu(torch.randn(2, n, 128))
+print(json.dumps((libc.mallinfo2().uordblks - before) / 200))
+"""
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+def test_no_kernel_cache_keeps_nothing_per_shape(monkeypatch) -> None:
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+
+    def bytes_kept_per_shape(mode: str) -> float:
+        proc = subprocess.run(
+            [sys.executable, "-c", KERNEL_CACHE_CHILD, mode], capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cached, uncached = bytes_kept_per_shape("on"), bytes_kept_per_shape("off")
+    assert uncached < 1024, uncached  # nothing per shape beyond allocator noise
+    if cached < 4096:  # this torch does not run GELU through oneDNN: nothing to show
+        pytest.skip(f"GELU keeps {cached:.0f} bytes per shape even with oneDNN's cache")
