@@ -64,16 +64,6 @@ def no_kernel_cache() -> None:
     shapes at every step, so the cache almost never hits, and each entry it adds lands between the
     step's freed activations: glibc's heap then fragments and grows for thousands of steps (a
     ListOps fit reached 6 GB resident where a step needs 1.5 GB; docs/benchmarks.md, "Resident
-    memory of a long fit"). Read by oneDNN at its first kernel, so call this before any."""
+    memory of a long fit"). Read by oneDNN at its first kernel, so call this before any. With it, a
+    fit's heap no longer grows, and nothing needs handing back between validations."""
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
-
-
-def release_free_memory() -> None:
-    """Hand the process's free heap memory back to the system (glibc's ``malloc_trim(0)``, which
-    also releases free pages inside the heap, not only at its top). Training allocates blocks of
-    many sizes (each batch's length groups differ), which glibc keeps after they are freed: a
-    long fit's resident size keeps growing without it (docs/benchmarks.md, "Resident memory of a
-    long fit")."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)

@@ -36,7 +36,6 @@ from lra_cond import run_dir
 from lra_cond.callbacks import ConditionNumberMonitor, EpochsToTarget, RunSummary, TensorBoardSummary
 from lra_cond.callbacks.finite_guard import FiniteGuard
 from lra_cond.callbacks.progress import StepProgressBar
-from lra_cond.callbacks.release_memory import ReleaseFreeMemory
 from lra_cond.callbacks.resume_checkpoint import ResumeCheckpoint
 from lra_cond.callbacks.rng_state import RngState
 from lra_cond.checkpoints import (
@@ -139,7 +138,6 @@ class LraCLI(LightningCLI):
                     TensorBoardSummary(),
                     RngState(),
                     FiniteGuard(),
-                    ReleaseFreeMemory(),
                 ],
             },
             # A parse error raises (instead of printing usage and exiting): the CLI prints it as one line.
