@@ -1,4 +1,5 @@
-"""Large blocks kept in the process while a condition-number probe runs (glibc only).
+"""The process's heap: no oneDNN kernel cache (``no_kernel_cache``), and large blocks kept while a
+condition-number probe runs (``heap_kept``, glibc only).
 
 glibc serves an allocation above its mmap threshold (at most 32 MB: a probe's Gram matrices,
 factors and couplings are larger) that its free memory cannot hold with a fresh mapping, and
