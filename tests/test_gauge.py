@@ -38,16 +38,15 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     structure = nullspace.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
     closed = coordinates.gauge_complement(structure, ["q", "k"], k, d, dim)
     assert closed is not None
-    operator = closed  # its columns as an operator, never formed: against them formed here
     eye = torch.eye(d, dtype=torch.float64)
     on_q = torch.einsum("bj,ci,ij->bcij", closed.u[1], eye, closed.alpha).reshape(d * d, d * d)
     on_k = torch.einsum("bi,cj,ij->bcij", closed.u[0], eye, closed.beta).reshape(d * d, d * d)
-    comp = torch.cat([on_q, on_k])
+    comp = torch.cat([on_q, on_k])  # its columns formed, against the object that never forms them
     v, y = (torch.randn(n, 4, generator=gen, dtype=torch.float64) for n in (d * d, 2 * d * d))
-    assert operator.shape == comp.shape and operator.T.shape == comp.T.shape
-    torch.testing.assert_close(operator @ v, comp @ v, rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(operator.T @ y, comp.T @ y, rtol=1e-13, atol=1e-13)
-    basis = Deflation(closed.perp, closed.rows, operator, d)
+    assert closed.shape == comp.shape and closed.T.shape == comp.T.shape
+    torch.testing.assert_close(closed @ v, comp @ v, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(closed.T @ y, comp.T @ y, rtol=1e-13, atol=1e-13)
+    basis = Deflation(closed.perp, closed.rows, closed, d)
     u = torch.randn(basis.n, 4, generator=gen, dtype=torch.float64)
     formed = Deflation(closed.perp, closed.rows, comp, d)
     torch.testing.assert_close(basis.apply(u), formed.apply(u), rtol=1e-13, atol=1e-13)
