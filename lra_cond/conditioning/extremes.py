@@ -265,33 +265,21 @@ class _Factor:
         return torch.cat([torch.cat([torch.diag(self.rv), c], 1), torch.cat([zeros, a], 1)])
 
 
-@dataclass
-class Regulariser:
-    """beta P for a preconditioned Gram, P = Q Q^T the orthogonal projector onto T^T N (N the null
-    directions regularised, T the preconditioner, Q an orthonormal basis, ``basis``: Householder
-    QR's route stacks it as rows)."""
-
-    basis: torch.Tensor
-
-    def add_to(self, g: torch.Tensor, beta: float) -> torch.Tensor:
-        return gram(self.basis.T, add_to=g, alpha=beta) if self.basis.shape[1] else g
-
-
 def _triangular(
     rows: list[torch.Tensor],
     t: Preconditioner,
     use_qr: bool,
     g: torch.Tensor | None = None,
-    reg: Regulariser | None = None,
+    reg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str, torch.Tensor | None]:
-    """R' with R'^T R' = T^T A^T A T + beta P (A the stacked rows, P = ``reg`` the orthogonal projector onto
-    T^T N, beta the mean diagonal): Cholesky of the preconditioned Gram (``g`` when the caller formed it
-    from factors), or Householder QR of the preconditioned rows stacked on
-    sqrt(beta) Q^T, Q an orthonormal basis of P's range (also when the Gram is not numerically definite).
-    Also returns the Gram that was factored (None after QR). ``g``
-    is regularised in place (no copy of an n x n Gram): callers give a Gram of
-    their own, never a cached one. On vectors orthogonal to N (all that Lanczos applies it to) the
-    regularised Gram acts as the plain one: P T^-1 u = 0 exactly when N^T u = 0."""
+    """R' with R'^T R' = T^T A^T A T + beta Q Q^T (A the stacked rows; Q = ``reg`` an orthonormal
+    basis of T^T N, so Q Q^T projects onto it; beta the mean diagonal): Cholesky of the
+    preconditioned Gram (``g`` when the caller formed it from factors), or Householder QR of the
+    preconditioned rows stacked on sqrt(beta) Q^T (also when the Gram is not numerically definite).
+    Also returns the Gram that was factored (None after QR). ``g`` is regularised in place (no copy
+    of an n x n Gram): callers give a Gram of their own, never a cached one. On vectors orthogonal
+    to N (all that Lanczos applies it to) the regularised Gram acts as the plain one:
+    Q^T T^-1 u = 0 exactly when N^T u = 0."""
     pre = None
     if not use_qr:
         if g is None:
@@ -299,8 +287,8 @@ def _triangular(
             g = gram(pre[0])
             for p in pre[1:]:
                 g = g + gram(p)
-        if reg is not None:
-            g = reg.add_to(g, float(g.diagonal().mean()))
+        if reg is not None and reg.shape[1]:
+            g = gram(reg.T, add_to=g, alpha=float(g.diagonal().mean()))
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky", g
@@ -308,7 +296,7 @@ def _triangular(
     if pre is None:
         pre = [t.right(materialised(r)) for r in rows]
     if reg is not None:
-        q = reg.basis
+        q = reg
         beta = sum(float(p.square().sum()) for p in pre) / q.shape[0]
         pre = [*pre, beta**0.5 * q.T]
     r = torch.linalg.qr(torch.cat(pre) if len(pre) > 1 else pre[0], mode="r").R
@@ -430,7 +418,7 @@ def solve(
     rv, c, *preconditioned = value if value is not None else (None, None)
     reg = None
     if null is not None:  # its basis need not be orthonormal to working precision
-        reg = Regulariser(orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6))
+        reg = orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6)
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
     if method == "qr":
