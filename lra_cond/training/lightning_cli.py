@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -45,6 +47,7 @@ from lra_cond.checkpoints import (
     load_checkpoint,
 )
 from lra_cond.checks import check_model_args, check_seed, check_trainer_args, validation_gap
+from lra_cond.cores import busy_cores, oversubscribed_note
 from lra_cond.data import LraDataModule
 from lra_cond.data.tasks import TASKS
 from lra_cond.errors import Interrupted, UserError, user_path
@@ -386,14 +389,19 @@ class LraCLI(LightningCLI):
         """Lock the run folder and decide: a new run, or a resume of this folder's own run."""
         if self.trainer.fast_dev_run or not self.trainer.is_global_zero:
             return  # fast_dev_run writes no run folder; rank zero alone decides and writes
-        # The data first (checked, or generated when missing), as fit itself would: a data error is
-        # reported before the run folder is looked at. Lightning's own call then finds it loaded.
+        console = Console(stderr=True, soft_wrap=True)
         gap = validation_gap(self.config.trainer)
         if gap:
-            Console(stderr=True, soft_wrap=True).print(
+            console.print(
                 f"[yellow]warning:[/] no validation will run ({gap}): no best checkpoint and no "
                 "steps-to-target; the final weights are tested (lower --trainer.val_check_interval)"
             )
+        if isinstance(self.trainer.accelerator, CPUAccelerator):
+            note = oversubscribed_note(torch.get_num_threads(), busy_cores(), os.cpu_count() or 1)
+            if note:
+                console.print(f"[yellow]note:[/] {note}")
+        # The data first (checked, or generated when missing), as fit itself would: a data error is
+        # reported before the run folder is looked at. Lightning's own call then finds it loaded.
         self.datamodule.prepare_data()
         folder = run_dir.RunFolder(self.run_path(self.config))
         folder.lock()
