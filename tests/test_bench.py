@@ -144,6 +144,7 @@ def test_real_batches_projects_the_reference_run(tiny_listops, tmp_path):
         "batch_size": 32,
         "max_steps": 5000,
         "val_check_interval": 50,
+        "cond_every_n_steps": 1500,
         "probes": 5,
         "validations": 100,
     }
@@ -158,9 +159,23 @@ def test_real_batches_projects_the_reference_run(tiny_listops, tmp_path):
     assert parts["validations"] == pytest.approx(100 * out["val_pass_s"], abs=0.1)
     assert parts["test"] == pytest.approx(out["val_pass_s"] * len(split["test"]) / len(split["val"]), abs=0.1)
     assert parts["probes"] == 0.0 and out["cond_probe_s"] is None  # --no-probe
+    assert out["cond_probe_fraction"] is None
     total = parts["steps"] + parts["validations"] + parts["test"] + parts["probes"]
     assert parts["total"] == pytest.approx(total, abs=0.2)
     assert out["loader_batches_per_s"] > 0
+
+
+def test_real_batches_gives_the_probe_s_share_of_training(tiny_listops, tmp_path):
+    """With the probe timed: its share of the training between two probes of the reference run
+    (probe / (1500 x step)), and the projected run's five probes."""
+    args = ["bench", "--attention", "softmax", "--real-batches", "--steps", "2", "--warmup", "1"]
+    args += ["--data-dir", str(tiny_listops), "--preset", "tiny"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    probe, step = out["cond_probe_s"], out["step_s_median"]
+    assert probe > 0 and out["projected_run_s"]["probes"] == pytest.approx(5 * probe, abs=0.1)
+    assert out["cond_probe_fraction"] == pytest.approx(probe / (1500 * step), rel=5e-3)
 
 
 def test_bench_without_shape_or_real_batches_is_one_line_error(tmp_path):

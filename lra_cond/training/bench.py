@@ -331,6 +331,7 @@ def reference_protocol(task: str, attention: str, attention_args: dict) -> dict[
         "batch_size": int(cfg["data"]["batch_size"]),
         "max_steps": steps,
         "val_check_interval": int(cfg["trainer"]["val_check_interval"]),
+        "cond_every_n_steps": every,
         # at step 0, every ``every`` steps, and at the end
         "probes": 0 if every <= 0 else 1 + steps // every + (1 if steps % every else 0),
     }
@@ -418,6 +419,9 @@ def run_on_data(args: argparse.Namespace) -> dict[str, Any]:
         "val_pass_s": round(val_s, 3),
         "val_examples": n_val,
         "cond_probe_s": None if probe_s is None else round(probe_s, 4),
+        "cond_probe_fraction": probe_fraction(probe_s, protocol["cond_every_n_steps"], step)
+        if protocol["cond_every_n_steps"] > 0
+        else None,
         "cond_probe_note": cond_note,
         "probe_gemm_gflops": None if gemm is None else round(gemm, 1),
         "peak_mem_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
