@@ -235,8 +235,8 @@ def gemm_gflops(n: int = 1536, reps: int = 3, device: str = "cpu") -> float:
 
 def probe_fraction(probe_s: float | None, every: int, step_s: float) -> float | None:
     """One probe over the training time between two probes: probe_s / (every_n_steps x step_s);
-    None when the probe was not timed."""
-    return None if probe_s is None else round(probe_s / (every * step_s), 5)
+    None when the probe was not timed or the run takes no probes between steps (every <= 0)."""
+    return None if probe_s is None or every <= 0 else round(probe_s / (every * step_s), 5)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -419,9 +419,7 @@ def run_on_data(args: argparse.Namespace) -> dict[str, Any]:
         "val_pass_s": round(val_s, 3),
         "val_examples": n_val,
         "cond_probe_s": None if probe_s is None else round(probe_s, 4),
-        "cond_probe_fraction": probe_fraction(probe_s, protocol["cond_every_n_steps"], step)
-        if protocol["cond_every_n_steps"] > 0
-        else None,
+        "cond_probe_fraction": probe_fraction(probe_s, protocol["cond_every_n_steps"], step),
         "cond_probe_note": cond_note,
         "probe_gemm_gflops": None if gemm is None else round(gemm, 1),
         "peak_mem_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
