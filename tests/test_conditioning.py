@@ -358,7 +358,7 @@ def test_a_group_inside_the_span_of_others_does_not_bound_the_cut(monkeypatch: p
     assert gains["redundant"] > 1e-13 * res.sigma_max  # it passed the check, above the cut
     assert "redundant" not in res.null_groups  # and added no direction
     assert not any("svdvals" in n for n in res.notes)
-    assert res.kappa == pytest.approx(dense.kappa, rel=1e-9) and res.n_null == dense.n_null
+    assert res.kappa == pytest.approx(dense.kappa, rel=1e-8) and res.n_null == dense.n_null
     assert res.null_gain < 1e-13 * res.sigma_max
 
 

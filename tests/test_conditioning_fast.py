@@ -117,6 +117,39 @@ def test_every_family_has_a_closed_form() -> None:
         assert probe.family.parts(probe.head_inputs(0)) is not None, family
 
 
+def test_a_family_without_a_closed_form_is_measured_through_forward_mode_ad(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The base ``FamilyJacobian`` (no closed form, no symmetry declared): every head block from
+    forward-mode AD, the value block eliminated from the whole head's formed rows, the null space
+    regularised in every scope; kappa, n_null and the per-block values equal dense, the undeclared
+    gauge counted from exact svdvals."""
+    from lra_cond.conditioning.families.base import FAMILY_JACOBIANS, FamilyJacobian
+
+    torch.manual_seed(4)
+    layer = build_attention("softmax", 8, 2)
+    x, mask = padded_input(2, 2, 20, 8)
+    x = layer_norm(x) + 0.2 * torch.randn(8, dtype=torch.float64)
+    dense = jacobian_condition(layer, x, mask, method="dense")
+    regularised = []
+    real_solve = extremes.solve
+
+    def spy(rows, t, value, *args, null=None, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        regularised.append((value is not None, null is not None))
+        return real_solve(rows, t, value, *args, null=null, **kwargs)
+
+    monkeypatch.setitem(FAMILY_JACOBIANS, "softmax", FamilyJacobian)
+    monkeypatch.setattr(extremes, "solve", spy)
+    fast = jacobian_condition(layer, x, mask)
+    # per head, the whole head (V eliminated), then Q and K alone (V alone is exact: no solve)
+    assert regularised == [(True, True)] * 2 + [(False, True)] * 4
+    assert fast.n_null == dense.n_null > fast.n_null_expected  # the gauge, found by svdvals
+    assert fast.kappa == pytest.approx(dense.kappa, rel=1e-8)
+    for b in "qkv":
+        assert fast.per_block[b].kappa == pytest.approx(dense.per_block[b].kappa, rel=1e-8), b
+        assert fast.per_block[b].n_null == dense.per_block[b].n_null, b
+
+
 @pytest.mark.parametrize("sequences", [1, 2])
 def test_linear_attention_null_space_is_its_key_value_statistics(sequences: int) -> None:
     """K and V enter only through each sequence's (S, z), up to a common scale at eps -> 0: per head
@@ -390,7 +423,7 @@ def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
     t = Preconditioner()
     t.add_dense(torch.eye(20, dtype=torch.float64))
     r = torch.linalg.qr(a, mode="r").R
-    factor = extremes._Factor(None, None, r, t, [a], "cholesky")
+    factor = extremes._Factor(None, None, r, t, [a])
     start = v[:, -1] + 1e-3 * v[:, -2]  # close to the sigma_min vector, as a factor's would be
     high = float(s[-1]) * (1 + 3e-3)
     assert extremes._refined_sigma_min(factor, start, high) is None

@@ -1,7 +1,7 @@
 """Step 3 of the probe: the problem on the complement of the null space: its coordinates, its
 preconditioner, and its exact rows as an operator.
 
-* **Coordinates** (``Deflation``, ``deflate_columns``). Each block's input side is rotated so that
+* **Coordinates** (``Deflation``). Each block's input side is rotated so that
   the null directions live in a few input coordinates, and only those are replaced by an
   orthonormal complement: the blocks keep their Kronecker layout.
 * **The gauge's complement in closed form** (``gauge_complement``). Scores that see queries and
@@ -288,7 +288,7 @@ def whitened(
 
 
 def input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """One block's input side split as in ``deflate_columns``: (V_perp, V_par, null directions)."""
+    """One block's input side split as in ``Deflation``: (V_perp, V_par, null directions)."""
     k = null.shape[1]
     if not k:
         return torch.eye(dim, dtype=null.dtype, device=null.device), null.new_zeros(dim, 0), 0
@@ -421,73 +421,6 @@ class DeflatedRows:
 
 def materialised(rows: torch.Tensor | DeflatedRows) -> torch.Tensor:
     return rows.dense() if isinstance(rows, DeflatedRows) else rows
-
-
-def deflate_columns(
-    rows: list[list[torch.Tensor]], d: int, dim: int, null: torch.Tensor, x: torch.Tensor, dense: int = 0
-) -> tuple[list[torch.Tensor], Preconditioner]:
-    """Restrict the columns of every row matrix to N^perp (exactly, by orthogonal transformations)
-    and build the preconditioner for the result. ``rows[j][i]`` is block i of row matrix j (each
-    (m_j, d * D')); ``null`` is the null basis in the blocks' layout.
-
-    Each block's input side is rotated so that the null directions' components live in its first
-    s_b input coordinates (V_par: the span of their rows); the other coordinates (V_perp) are free
-    of null directions and keep their Kronecker structure. Inside the par coordinates the null
-    space is deflated: by its explicit complement, or by Householder reflectors when it is small.
-    Output columns: every block's V_perp coordinates, then the par complement. With ``dense`` > 0
-    the last matrix of every ``rows[j]`` holds that many extra columns (no Kronecker structure:
-    all of them are par coordinates), and so do the last rows of ``null``."""
-    size, k, n_blocks = d * dim, null.shape[1], len(rows[0]) - (1 if dense else 0)
-    rotations, perp_widths, null_par = [], [], []
-    for i in range(n_blocks):
-        nb = null[i * size : (i + 1) * size]
-        v_perp, v_par, _ = input_rotation(nb, d, dim)
-        rotations.append(torch.cat([v_perp, v_par], 1))
-        perp_widths.append(d * v_perp.shape[1])
-        null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, d * v_par.shape[1]).T)
-    if dense:
-        null_par.append(null[n_blocks * size :])
-    n_par = sum(np_.shape[0] for np_ in null_par)
-    n_c = n_par - k
-    comp = None
-    if n_c and k:
-        reflectors, tau = torch.geqrf(torch.cat(null_par, 0))
-        if 7 * k >= n_par:  # many null directions: the explicit complement, applied as a GEMM
-            comp = complement(reflectors, tau)
-    n_perp = sum(perp_widths)
-    out = []
-    for blocks in rows:
-        m = blocks[0].shape[0]
-        res = blocks[0].new_empty(m, n_perp + n_c)
-        par = blocks[0].new_empty(m, n_par) if n_c else None
-        col = pcol = 0
-        for b, rot, wp in zip(blocks[:n_blocks], rotations, perp_widths):
-            b2 = b.reshape(m * d, dim)  # each side's product lands contiguous: one copy into place
-            res[:, col : col + wp] = (b2 @ rot[:, : wp // d]).view(m, wp)
-            col += wp
-            width = size - wp
-            if par is not None and width:
-                par[:, pcol : pcol + width] = (b2 @ rot[:, wp // d :]).view(m, width)
-                pcol += width
-        if dense and par is not None:
-            par[:, pcol:] = blocks[-1]
-        if par is not None:
-            if comp is not None:
-                res[:, n_perp:] = par @ comp
-            elif k:
-                res[:, n_perp:] = torch.ormqr(reflectors, tau, par, left=False, transpose=False)[:, k:]
-            else:
-                res[:, n_perp:] = par
-        out.append(res)
-    t, col = Preconditioner(), 0
-    for rot, wp in zip(rotations, perp_widths):
-        if wp:
-            p = wp // d
-            t.add_kron(output_whitening(out[0][:, col : col + wp], d), input_whitening(x @ rot[:, :p]))
-            col += wp
-    if n_c:
-        t.add_dense(dense_preconditioner(out[0][:, n_perp:]))
-    return out, t
 
 
 def block_grams(fs1: list[Factored], fs2: list[Factored] | None, like: torch.Tensor) -> torch.Tensor:

@@ -120,9 +120,7 @@ REGULARISE_RATIO = 4  # a scope regularises its k null directions when k * this 
 class Extremes:
     sigma_max: float
     sigma_min: float
-    n_null: int  # null directions excluded: the verified rank plus any extra
-    n_extra_null: int  # singular values <= rtol * sigma_max the verified groups do not explain
-    route: str  # "kron" | "cholesky" | "qr" | "svdvals"
+    n_null: int  # null directions excluded: the verified rank plus any value <= rtol * sigma_max
     notes: list[str] = field(default_factory=list)
     largest_null: float = 0.0  # the largest singular value excluded by the cut (svdvals), if known
 
@@ -139,7 +137,6 @@ class _Factor:
     r: torch.Tensor  # (n_A, n_A) R', upper triangular
     t: Preconditioner
     rows: list[torch.Tensor | DeflatedRows]  # exact row blocks whose Gram is the rest's Gram
-    route: str
     null: torch.Tensor | None = None  # orthonormal null basis still in the coordinates (regularised)
     # [C; rows] as one operator, when both come from the same factors (one product instead of two)
     joint: DeflatedRows | None = None
@@ -431,7 +428,7 @@ def solve(
         r, route, factored_gram = _triangular(
             rows, t, use_qr=source == "qr", g=g if source == "given" else None, reg=reg
         )
-        factor = _Factor(rv, c, r, t, rows, route, null, joint, factored_gram, bool(preconditioned))
+        factor = _Factor(rv, c, r, t, rows, null, joint, factored_gram, bool(preconditioned))
         smax, smin, vec, top, converged = _factor_extremes(factor)
         if route != "cholesky":
             if source != "qr":  # its Cholesky failed: say why this scope took longer (QR of the rows)
@@ -465,5 +462,5 @@ def solve(
             f"{extra} singular value(s) <= rtol * sigma_max beyond the {verified} verified null "
             "directions: taken from svdvals"
         )
-        return Extremes(smax, smin, verified + extra, extra, "svdvals", notes, excluded)
-    return Extremes(smax, smin, verified, 0, factor.route, notes)
+        return Extremes(smax, smin, verified + extra, notes, excluded)
+    return Extremes(smax, smin, verified, notes)

@@ -43,19 +43,19 @@ which is exact in closed form. In order, the first that applies:
 
 1. **V alone**, the family gives V as Y (x) I_d: every singular value of Y, d times, exact
    (``_value_extremes``).
-2. **Whole head, V eliminated, Q and K as factors** (softmax, normalized, nystrom):
-   ``factored_head``: the Gram from the factors, V as a Schur complement, the null space deflated
-   by congruence (the gauge's complement in closed form where it applies) or regularised;
-   sigma_min always refined on the exact J.
-3. **Whole head, V eliminated, dense Q and K** (forward-mode AD): rows rotated by [Q_Y, Q_perp],
-   V's block eliminated exactly, the rest deflated (``coordinates.deflate_columns``).
-4. **One block given as factors** (Q or K alone): ``coordinates.factored_scope``, its input-side
+2. **Whole head, V eliminated** (V is Y (x) I_d and every null group lies in V or outside it).
+   The other blocks as factors (softmax, normalized, nystrom: Q and K): ``factored_head``, the
+   Gram from the factors, V as a Schur complement, the null space deflated by congruence (the
+   gauge's complement in closed form where it applies) or regularised; sigma_min always refined
+   on the exact J. The other blocks formed (forward-mode AD; nystrom where its landmark correction
+   is nearly as wide as the rows): ``formed_head``, V eliminated by rotating the formed rows, the
+   rest's null directions regularised.
+3. **One block given as factors** (Q or K alone): ``coordinates.factored_scope``, its input-side
    nulls deflated, else every coordinate kept and the nulls regularised.
-5. **Few nulls** (k <= n / 4: linear's whole head, most blocks alone): every coordinate kept, the
-   nulls regularised, G' + beta Q_B Q_B^T (``coordinates.factored_kept`` from factors, else the
-   formed columns).
-6. **Anything else**: the null space deflated from the formed columns
-   (``coordinates.deflate_columns``).
+4. **Anything else** (linear's whole head, blocks alone from forward-mode AD, dense columns):
+   every coordinate kept, the null space regularised, G' + beta Q_B Q_B^T (the Gram from the
+   factors by ``coordinates.factored_kept`` where every block has them, else from the formed
+   columns).
 
 **The value block in closed form.** For every A = P V family the V block is Y (x) I_d (Y = P X),
 checked numerically. Rotating rows by [Q_Y | Q_perp]^T (x) I (Q_Y from the SVD of Y) and the V
@@ -86,7 +86,6 @@ from lra_cond.conditioning.coordinates import (
     Deflation,
     Preconditioner,
     block_grams,
-    deflate_columns,
     deflation,
     dense_preconditioner,
     input_whitening,
@@ -365,7 +364,7 @@ def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extr
     smax, smin, n_null, excluded = spectrum_cut(torch.cat([s, s.new_zeros(y.shape[1] - s.numel())]), rtol)
     extra = d * n_null - verified
     notes = [f"{extra} value-block null value(s) beyond the verified ones"] if extra > 0 else []
-    return Extremes(smax, smin, max(verified, d * n_null), max(extra, 0), "kron", notes, excluded)
+    return Extremes(smax, smin, max(verified, d * n_null), notes, excluded)
 
 
 def _value_rotation(
@@ -401,26 +400,10 @@ def head_spectra(
     """Extremes of every scope in ``nulls`` ("all", or a single block) of one head: each scope's
     columns are its ``ScopeNull.blocks`` of ``jac`` (blocks laid out in ``blocks`` order), then its
     ``dense`` columns. ``factors``: blocks the family gave in factored form (single-block scopes
-    use them). Blocks' rows rotated for the value elimination are shared by the scopes given
-    (``jacobian_condition`` gives one at a time: each scope's reduced columns go before the next
-    scope's are built); the rotation itself is formed once per head (``_value_rotation``)."""
+    use them). The value block's rotation is formed once per head (``_value_rotation``)."""
     factors = factors or {}
     size = d * dim
     y, u, s_y, r_y = _value_rotation(jac, blocks, d, rtol)
-    rotated: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    t_len = jac.shape[0] // d
-
-    def rotate(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = m.shape[1]
-        both = (u.T @ m.reshape(t_len, -1)).reshape(-1, n)  # one product: u = [Q_Y | Q_perp]
-        return both[: r_y * d], both[r_y * d :]
-
-    def rows_of(b: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Block b's columns with rows rotated: (top: Q_Y part, bottom: Q_perp part), cached."""
-        if b not in rotated:
-            rotated[b] = rotate(jac.block(b))
-        return rotated[b]
-
     out: dict[str, Extremes] = {}
     for scope, null in nulls.items():
         sb = null.blocks if null.blocks is not None else (list(blocks) if scope == "all" else [scope])
@@ -429,72 +412,61 @@ def head_spectra(
         if scope == "v" and y is not None:  # exact, whatever reduction the family offers
             out[scope] = _value_extremes(y, d, verified, rtol)
             continue
-        eliminate = y is not None and "v" in sb and len(sb) > 1 and null.value_split and not extra
+        a_blocks = [b for b in sb if b != "v"]
+        eliminate = y is not None and "v" in sb and a_blocks and null.value_split and not extra
         if eliminate:
             i_v = sb.index("v")
             v_norm = basis[i_v * size : (i_v + 1) * size].norm(dim=0)
             v_part = v_norm > 0.5 * basis.norm(dim=0)  # each column lies in V or outside V
             eliminate = int(v_part.sum()) == d * (dim - r_y)  # the value block's own nulls are Y's
         if eliminate:
-            a_blocks = [b for b in sb if b != "v"]
             spans = [(i * size, (i + 1) * size) for i, b in enumerate(sb) if b != "v"]
             keep = torch.cat([torch.arange(a, e, device=basis.device) for a, e in spans])
             null_a = basis[:, ~v_part][keep]  # the null directions outside V, in the other blocks
-            if all(b in factors for b in a_blocks):  # the Gram from the factors, no rows formed
-                fs = [factors[b] for b in a_blocks]
+            factored = all(b in factors for b in a_blocks)
+            fs = [factors[b] for b in a_blocks] if factored else []
+            head = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
+            if factored:  # the Gram from the factors, no rows formed
                 closed = None
                 if null.structure is not None:
                     closed = coordinates.gauge_complement(null.structure, a_blocks, null_a.shape[1], d, dim)
-                problem = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
-                out[scope] = factored_head(problem, closed)
-                continue
-            (main, coupling), t = deflate_columns(
-                [[rows_of(b)[1] for b in a_blocks], [rows_of(b)[0] for b in a_blocks]], d, dim, null_a, x_real
-            )
-            value = (s_y[:r_y].repeat_interleave(d), coupling)
-            out[scope] = extremes.solve([main], t, value, verified, rtol, method)
+                out[scope] = factored_head(head, closed)
+            else:
+                out[scope] = formed_head(head, [jac.block(b) for b in a_blocks], d)
             continue
         if scope in factors and sb == [scope] and not extra:  # one factored block
             exact, t, g, left_null = coordinates.factored_scope(factors[scope], basis, d, dim, x_real)
             out[scope] = extremes.solve(exact, t, None, verified, rtol, method, g=g, null=left_null)
             continue
-        raw = [jac.block(b) for b in sb] + extra
-        if basis.shape[1] * REGULARISE_RATIO <= basis.shape[0]:  # few nulls: every coordinate kept
-            null_q = orthonormal_basis(basis)
-            if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
-                fs = [factors[b] for b in sb]
-                rows, t, g = coordinates.factored_kept(
-                    fs, extra[0] if extra else None, d, x_real, null.dense_product, null.dense_gram
-                )
-                out[scope] = extremes.solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
-                continue
-            t, g = Preconditioner(), None
-            for b in raw[: len(sb)]:
-                t.add_kron(output_whitening(b, d), input_whitening(x_real))
-            if extra and not sb and null.dense_product is not None:  # the columns alone, whitened
-                r, scaled = whitened(extra[0], null.dense_product, null.dense_gram)  # by its structure
-                t.add_dense(r)
-                g = gram(scaled)
-            elif extra:
-                t.add_dense(dense_preconditioner(extra[0], null.dense_gram))
-            rows = [torch.cat(raw, 1)] if len(raw) > 1 else raw
+        # every coordinate kept, the null directions regularised (``extremes.solve``)
+        null_q = orthonormal_basis(basis)
+        if sb and all(b in factors for b in sb):  # the Gram from the factors, no rows formed
+            fs = [factors[b] for b in sb]
+            rows, t, g = coordinates.factored_kept(
+                fs, extra[0] if extra else None, d, x_real, null.dense_product, null.dense_gram
+            )
             out[scope] = extremes.solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
             continue
-        if y is not None:
-            tops, bottoms = zip(*([rows_of(b) for b in sb] + [rotate(e) for e in extra]))
-            rows = [list(bottoms), list(tops)]
-        else:
-            rows = [raw]
-        dense = extra[0].shape[1] if extra else 0
-        rows, t = deflate_columns(rows, d, dim, basis, x_real, dense=dense)
-        out[scope] = extremes.solve(rows, t, None, verified, rtol, method)
+        raw = [jac.block(b) for b in sb] + extra
+        t, g = Preconditioner(), None
+        for b in raw[: len(sb)]:
+            t.add_kron(output_whitening(b, d), input_whitening(x_real))
+        if extra and not sb and null.dense_product is not None:  # the columns alone, whitened
+            r, scaled = whitened(extra[0], null.dense_product, null.dense_gram)  # by its structure
+            t.add_dense(r)
+            g = gram(scaled)
+        elif extra:
+            t.add_dense(dense_preconditioner(extra[0], null.dense_gram))
+        rows = [torch.cat(raw, 1)] if len(raw) > 1 else raw
+        out[scope] = extremes.solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
     return out
 
 
 class Head(NamedTuple):
     """One head's whole-head problem once the value block is eliminated: the blocks' factors (all
-    but V's), the token rotation [Q_Y | Q_perp] with Y's rank and singular values, the null
-    directions outside V, the probe input, the verified null count, the cut and the method."""
+    but V's; none when they are formed), the token rotation [Q_Y | Q_perp] with Y's rank and
+    singular values, the null directions outside V, the probe input, the verified null count, the
+    cut and the method."""
 
     fs: list[Factored]
     u: torch.Tensor
@@ -507,12 +479,31 @@ class Head(NamedTuple):
     method: str
 
 
+def formed_head(head: Head, blocks: list[torch.Tensor], d: int) -> Extremes:
+    """The whole head from its formed columns (``blocks``: every block but V, from forward-mode AD or
+    nystrom's Q and K where its landmark correction is nearly as wide as the rows): rows rotated by
+    [Q_Y | Q_perp]^T (x) I, J = [[diag(s_Y) (x) I, C], [0, P_perp J_A]], so the value block is
+    eliminated exactly and the rest's Gram, of P_perp J_A, has no cancellation; its null directions
+    (all outside V) are regularised."""
+    u, r_y, n_v = head.u, head.r_y, head.r_y * d
+    t, tops, bottoms = Preconditioner(), [], []
+    for block in blocks:
+        both = (u.T @ block.reshape(u.shape[0], -1)).reshape(block.shape[0], -1)
+        tops.append(both[:n_v])
+        bottoms.append(both[n_v:])
+        t.add_kron(output_whitening(bottoms[-1], d), input_whitening(head.x))
+    null = torch.cat([head.null.new_zeros(n_v, head.null.shape[1]), orthonormal_basis(head.null)])
+    value = (head.s_y[:r_y].repeat_interleave(d), torch.cat(tops, 1))
+    rows = [torch.cat(bottoms, 1)]
+    return extremes.solve(rows, t, value, head.verified, head.rtol, head.method, null=null)
+
+
 def factored_head(
     head: Head,
     closed: coordinates.GaugeComplement | None = None,
 ) -> Extremes:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
-    every piece from the factors (the dense route rotates and deflates the head's formed rows):
+    every piece from the factors:
 
     * each block's input side rotated to [V_perp | V_par] (``coordinates.deflation``), then preconditioned:
       L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
