@@ -127,17 +127,6 @@ def parse_blocks(blocks: str) -> tuple[str, ...]:
     return tuple(b for b in BLOCKS if b in letters)
 
 
-class HeadsOutput(nn.Module):
-    """``forward = layer.heads_output`` so functional_call reaches the pre-out_proj output."""
-
-    def __init__(self, layer: Attention) -> None:
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.layer.heads_output(x, key_padding_mask)
-
-
 @dataclass
 class LinearisedLayer:
     """A layer's ``jacobian_copy`` at a fixed (augmented) input, with the head-wise parameter layout."""
@@ -147,7 +136,6 @@ class LinearisedLayer:
     mask: torch.Tensor | None  # (B, N) True at padded positions
     real: torch.Tensor  # (B, N) True at real (query) positions
     blocks: tuple[str, ...]
-    dim_raw: int  # D, the layer's own input width
     family: FamilyJacobian  # what the layer's family knows of its Jacobian
 
     @property
@@ -222,17 +210,9 @@ class LinearisedLayer:
         parts = [self.head_weight(b, h).reshape(-1) for h in range(self.num_heads) for b in self.blocks]
         return torch.cat(parts)
 
-    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Flat head-wise vector -> ``{"q_proj.weight": (H*d_h, D'), ...}`` for functional_call."""
-        chunks = theta.reshape(self.num_heads, len(self.blocks), self.head_dim, self.dim)
-        return {
-            f"{BLOCK_NAMES[b]}.weight": chunks[:, i].reshape(-1, self.dim) for i, b in enumerate(self.blocks)
-        }
-
     def output(self, weights: dict[str, torch.Tensor]) -> torch.Tensor:
         """Pre-out_proj output at real query rows, (T, H*d_h); padded rows are not outputs."""
-        weights = {f"layer.{name}": w for name, w in weights.items()}
-        out = functional_call(HeadsOutput(self.layer), weights, (self.x,), {"key_padding_mask": self.mask})
+        out = functional_call(self.layer, weights, (self.x,), {"key_padding_mask": self.mask})
         return out[self.real]
 
     def head_function(self, h: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -254,9 +234,11 @@ class LinearisedLayer:
 def jacobian_copy(layer: Attention) -> Attention:
     """A float64, eval-mode, explicit-math copy whose q/k/v projections are the bias-free maps
     W~ = [W | b] of the augmented input [x, 1] (J over (W, b) is J over W~), at the options its
-    family is measured at (``FamilyJacobian.measured_at``: linear attention's eps -> 0)."""
+    family is measured at (``FamilyJacobian.measured_at``: linear attention's eps -> 0). Its
+    ``out_proj`` is the identity: its output is the heads' output, before ``out_proj``."""
     out = copy.deepcopy(layer).to(torch.float64).eval()
     out.explicit = True
+    out.out_proj = nn.Identity()
     for name in BLOCK_NAMES.values():
         old = getattr(out, name)
         weight = old.weight.detach()
@@ -296,7 +278,7 @@ def linearise(
         x64 = torch.cat([x64, torch.ones_like(x64[..., :1])], -1)
     mask = None if key_padding_mask is None else key_padding_mask.to(x.device).bool()
     real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else ~mask
-    return LinearisedLayer(copy64, x64, mask, real, parse_blocks(blocks), layer.dim, family_jacobian(copy64))
+    return LinearisedLayer(copy64, x64, mask, real, parse_blocks(blocks), family_jacobian(copy64))
 
 
 def weight_conditions(layer: Attention, blocks: tuple[str, ...] = ("q", "k", "v")) -> dict[str, dict]:
