@@ -337,24 +337,25 @@ def _structure(groups: list[NullGroup]) -> NullStructure | None:
 
 @dataclass
 class _Reduction:
-    """A scope's columns with a family's support applied: blocks in ``support_blocks`` reach the
-    output only through span(P), so they are replaced by the columns J_S P (the rest of their
-    coordinates, removed = n_S - r directions, are null)."""
+    """A scope's columns with a family's ``support`` applied: its blocks reach the output only
+    through span(P), so they are replaced by the columns J_S P (the rest of their coordinates,
+    ``removed`` = n_S - r directions, are null); the scope's other blocks (``kron``) are unchanged."""
 
-    name: str
-    kron: list[str]  # the scope's other blocks, unchanged
-    support_blocks: list[str]
-    p: torch.Tensor  # (n_S, r) orthonormal
+    support: Support
     jac: HeadJacobian  # every block's products go through it (no columns formed)
-    dense: torch.Tensor  # J_S P
-    product: Callable[[torch.Tensor], torch.Tensor] | None  # M -> J_S P M by the family's structure
-    gram: Callable[[], torch.Tensor] | None  # () -> ~(J_S P)^T (J_S P) by it (a preconditioner's)
     order: list[str]  # the scope's blocks, in order
     size: int
+    kron: list[str] = field(init=False)
+    dense: torch.Tensor = field(init=False)  # J_S P
+
+    def __post_init__(self) -> None:
+        s = self.support
+        self.kron = [b for b in self.order if b not in s.blocks]
+        self.dense = s.columns if s.columns is not None else self.jac.columns(s.blocks) @ s.p
 
     @property
     def removed(self) -> int:
-        return self.p.shape[0] - self.p.shape[1]
+        return self.support.p.shape[0] - self.support.p.shape[1]
 
     @property
     def n_kron(self) -> int:
@@ -365,33 +366,26 @@ class _Reduction:
         out = self.dense @ v[n:]
         return out + self.jac.apply(v[:n], self.kron) if self.kron else out
 
-    def _split(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scope's original layout -> (kron rows, support rows)."""
-        parts = {b: v[i * self.size : (i + 1) * self.size] for i, b in enumerate(self.order)}
-        kron = torch.cat([parts[b] for b in self.kron]) if self.kron else v[:0]
-        return kron, torch.cat([parts[b] for b in self.support_blocks])
-
     def coordinates(self, v: torch.Tensor) -> torch.Tensor:
         """Directions in the original layout -> the reduced layout (their component in span(P);
         the rest is among the removed null directions)."""
-        kron, sup = self._split(v)
-        return torch.cat([kron, self.p.T @ sup])
-
-    def basis_of(self, basis: torch.Tensor) -> torch.Tensor:
-        return basis  # verified groups are already in the reduced layout
+        parts = {b: v[i * self.size : (i + 1) * self.size] for i, b in enumerate(self.order)}
+        kron = torch.cat([parts[b] for b in self.kron]) if self.kron else v[:0]
+        return torch.cat([kron, self.support.p.T @ torch.cat([parts[b] for b in self.support.blocks])])
 
     def verified(self) -> float | None:
         """J vanishes on the support's complement and the columns are J_S P (two random directions
         each), relative to J's gain: a bound on J's gain on the complement (``group_gain``), or
         None when either fails."""
+        p = self.support.p
         gen = torch.Generator().manual_seed(1)
-        r = normal_draws(gen, self.p.shape[0], 2, dtype=self.p.dtype, device=self.p.device)
-        off = r - self.p @ (self.p.T @ r)
-        y = normal_draws(gen, self.p.shape[1], 2, dtype=self.p.dtype, device=self.p.device)
+        r = normal_draws(gen, p.shape[0], 2, dtype=p.dtype, device=p.device)
+        off = r - p @ (p.T @ r)
+        y = normal_draws(gen, p.shape[1], 2, dtype=p.dtype, device=p.device)
         # one pass over J_S (T d x n_S, the largest blocks here) for all three products, through the
         # blocks as the family gave them, J_S's columns never formed
-        probes = torch.cat([r, off, self.p @ y], 1)
-        j_r, j_off, j_py = self.jac.apply(probes, self.support_blocks).split(2, 1)
+        probes = torch.cat([r, off, p @ y], 1)
+        j_r, j_off, j_py = self.jac.apply(probes, self.support.blocks).split(2, 1)
         gain = max(float(j_r.norm() / r.norm()), 1e-300)
         if float(j_off.norm()) > ACCEPT_RTOL * gain * float(off.norm()):
             return None
@@ -399,25 +393,6 @@ class _Reduction:
         if float(diff.norm()) > ACCEPT_RTOL * gain * float(y.norm()):
             return None
         return group_gain(j_off.norm(dim=0), off.norm(dim=0), self.removed)
-
-
-def _reduce(jac: HeadJacobian, sb: tuple[str, ...], size: int, support: Support | None) -> _Reduction | None:
-    if support is None:
-        return None
-    kron = [b for b in sb if b not in support.blocks]
-    dense = support.columns if support.columns is not None else jac.columns(support.blocks) @ support.p
-    return _Reduction(
-        support.name,
-        kron,
-        list(support.blocks),
-        support.p,
-        jac,
-        dense,
-        support.product,
-        support.gram,
-        list(sb),
-        size,
-    )
 
 
 def scope_nulls(
@@ -435,7 +410,7 @@ def scope_nulls(
     heads = range(probe.num_heads)
     size = probe.block_size
     supports = [probe.family.support(probe.head_inputs(h, sb)) for h in heads]
-    reduced = [_reduce(jacs[h], sb, size, s) for h, s in enumerate(supports)]
+    reduced = [None if s is None else _Reduction(s, jacs[h], list(sb), size) for h, s in enumerate(supports)]
 
     def apply(h: int, v: torch.Tensor) -> torch.Tensor:
         return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h].apply(v)
@@ -459,10 +434,9 @@ def scope_nulls(
             if off_gain is None:
                 raise RuntimeError(f"{type(probe.family).__name__}.support is not a support of J")
             null_gain = max(null_gain, off_gain)
-            null = ScopeNull(
-                red.basis_of(null.basis), False, red.kron, red.dense, red.removed, red.product, red.gram
-            )
-            group_ranks[red.name] = group_ranks.get(red.name, 0) + (red.removed if count else 0)
+            sup = red.support  # verified groups are already in the reduced layout
+            null = ScopeNull(null.basis, False, red.kron, red.dense, red.removed, sup.product, sup.gram)
+            group_ranks[sup.name] = group_ranks.get(sup.name, 0) + (red.removed if count else 0)
         nulls.append(null)
         if count:
             for g, n in zip(groups[h], added):
