@@ -312,17 +312,10 @@ def _factor_extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch
     return sigma_max, sigma_min, inv.vector, top.vector, top.converged and inv.converged
 
 
-@dataclass
-class _Checked:
-    excess: float  # the Gram's error along the sigma_min direction beyond the check's rounding level
-    vouched: bool  # that rounding level is below the tolerance (False: the check cannot tell)
-    error: float  # the Gram's relative error in sigma along that direction, as measured
-
-
-def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> _Checked:
-    """How far the factor's inverse Gram is from the exact J's along the sigma_min direction, minus
-    the check's own rounding level (> 0: the factor lost sigma_min), and whether that rounding
-    level is below the check's tolerance (False: the check cannot vouch for sigma_min).
+def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> tuple[float, float]:
+    """(error, noise): the factor's inverse Gram's relative error in sigma along the sigma_min
+    direction, as measured on the exact J, and the check's own rounding level. The factor lost
+    sigma_min when error > noise + CHECK_RTOL; the check cannot vouch for it when noise > CHECK_RTOL.
 
     With w = (R^T R)^{-1} u, ||J w||^2 = u . w holds exactly when R^T R = J^T J, for any u; with
     R^T R = J^T J + E it is off by w^T E w / u . w, the relative error of the Gram along w (u the
@@ -333,8 +326,7 @@ def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Te
     w = factor.inverse_gram(u)
     ratio = factor.exact_norm(w) ** 2 / float((u * w).sum())
     noise = 8 * EPS * math.sqrt(vector.numel()) * sigma_max / max(sigma_min, 1e-300)
-    error = abs(ratio - 1.0) / 2
-    return _Checked(error - noise - CHECK_RTOL, noise <= CHECK_RTOL, error)
+    return abs(ratio - 1.0) / 2, noise
 
 
 REFINE_RTOL = 1e-10  # relative change of sigma_min between Rayleigh-Ritz steps that ends the refinement
@@ -434,15 +426,15 @@ def solve(
             if source != "qr":  # its Cholesky failed: say why this scope took longer (QR of the rows)
                 notes.append("the Gram is not numerically positive definite: factored by Householder QR")
             break
-        checked = _check(factor, smax, smin, vec) if smin > rtol * smax else _Checked(1.0, True, 1.0)
-        lost = checked.excess > 0
-        if not (lost or not checked.vouched or (refine and source == "given")):
+        error, noise = _check(factor, smax, smin, vec) if smin > rtol * smax else (1.0, 0.0)
+        lost = error > noise + CHECK_RTOL
+        if not (lost or noise > CHECK_RTOL or (refine and source == "given")):
             break
         # the Gram lost sigma_min (or may have): take it from the exact J, the factor as
         # preconditioner, and recompute the factor from the next source when that does not settle
         refined = None
         if smin > rtol * smax:
-            refined = _refined_sigma_min(factor, vec, smin, error=checked.error)
+            refined = _refined_sigma_min(factor, vec, smin, error=error)
         if refined is not None:
             if lost:
                 notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
