@@ -1,9 +1,10 @@
 """Step 3 of the probe: the problem on the complement of the null space: its coordinates, its
 preconditioner, and its exact rows as an operator.
 
-* **Coordinates** (``Deflation``). Each block's input side is rotated so that
-  the null directions live in a few input coordinates, and only those are replaced by an
-  orthonormal complement: the blocks keep their Kronecker layout.
+* **Coordinates** (``Deflation``). Each block's input side is rotated so that the null
+  directions live in a few input coordinates, and only those are replaced by an orthonormal
+  complement (the gauge's, in closed form): the blocks keep their Kronecker layout. Any other
+  null space keeps every coordinate and is regularised in the factor (``extremes.solve``).
 * **The gauge's complement in closed form** (``gauge_complement``). Scores that see queries and
   keys only through inner products (softmax, nystrom) leave the gauge {(M A, -M^T B)} null
   (A = W~_Q, B = W~_K, M any d x d). With A_b = U_b S_b Vh_b off the null inputs, the d^2 columns
@@ -301,9 +302,9 @@ class Deflation:
     """An orthonormal basis B of N^perp in a Kronecker layout: per block, the input side rotated
     (``perp`` (D', p_b): coordinates free of null directions, kept as they are; ``par`` (D', s_b):
     the null directions' input span), and ``comp`` (sum_b d s_b, n_c): an orthonormal complement
-    of the null directions inside the par coordinates (a tensor, or an operator with ``shape``,
-    ``@`` and ``.T``: ``GaugeComplement``). Columns: every block's perp coordinates
-    (d x p_b each), then the complement."""
+    of the null directions inside the par coordinates (an operator with ``shape``, ``@`` and
+    ``.T``: ``GaugeComplement``; a tensor, empty when nothing is deflated). Columns: every block's
+    perp coordinates (d x p_b each), then the complement."""
 
     perp: list[torch.Tensor]
     par: list[torch.Tensor]
@@ -338,20 +339,10 @@ class Deflation:
         return torch.cat([*perps, self.comp.T @ torch.cat(pars)])
 
 
-def deflation(null: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
-    """The Deflation of ``null`` (n_blocks d D' x k, the blocks' Kronecker layout)."""
-    size, k = d * dim, null.shape[1]
-    if not k:
-        eye = torch.eye(dim, dtype=null.dtype, device=null.device)
-        return Deflation([eye] * n_blocks, [eye[:, :0]] * n_blocks, null.new_zeros(0, 0), d)
-    perps, pars, null_par = [], [], []
-    for i in range(n_blocks):
-        nb = null[i * size : (i + 1) * size]
-        v_perp, v_par, _ = input_rotation(nb, d, dim)
-        perps.append(v_perp)
-        pars.append(v_par)
-        null_par.append((nb.T.reshape(k, d, dim) @ v_par).reshape(k, -1).T)
-    return Deflation(perps, pars, complement(*torch.geqrf(torch.cat(null_par))), d)
+def identity_deflation(like: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
+    """The ``Deflation`` of n_blocks blocks that keeps every coordinate (no null direction)."""
+    eye = torch.eye(dim, dtype=like.dtype, device=like.device)
+    return Deflation([eye] * n_blocks, [eye[:, :0]] * n_blocks, like.new_zeros(0, 0), d)
 
 
 def complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -474,7 +465,7 @@ def kept_coordinates(
         lb, w, p = _kept_factor(f, x)
         t.add_kron(lb, w)
         pre.append(p)
-    return t, pre, deflation(x.new_zeros(len(fs) * d * dim, 0), d, dim, len(fs))
+    return t, pre, identity_deflation(x, d, dim, len(fs))
 
 
 def _kept_factor(f: Factored, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Factored]:
@@ -496,7 +487,7 @@ def factored_kept(
     product: Callable[[torch.Tensor], torch.Tensor] | None = None,
     columns_gram: Callable[[], torch.Tensor] | None = None,
 ) -> tuple[list[DeflatedRows], Preconditioner, torch.Tensor]:
-    """A scope with few null directions (every coordinate kept, the nulls regularised) whose blocks
+    """A scope whose coordinates are all kept (its null directions regularised) and whose blocks
     all come as factors, next to optional dense columns (a family's support columns, e.g. linear
     attention's whole head): its exact rows as an operator, its preconditioner (L_b (x) W per
     block, R_D for the columns) and the preconditioned Gram from the factors (``_cross_grams``:

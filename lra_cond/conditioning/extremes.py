@@ -113,9 +113,6 @@ EPS = torch.finfo(torch.float64).eps
 CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's own rounding level
 
 
-REGULARISE_RATIO = 4  # a scope regularises its k null directions when k * this <= its columns
-
-
 @dataclass
 class Extremes:
     sigma_max: float

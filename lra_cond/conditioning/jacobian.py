@@ -45,11 +45,11 @@ which is exact in closed form. In order, the first that applies:
    (``_value_extremes``).
 2. **Whole head, V eliminated** (V is Y (x) I_d and every null group lies in V or outside it).
    The other blocks as factors (softmax, normalized, nystrom: Q and K): ``factored_head``, the
-   Gram from the factors, V as a Schur complement, the null space deflated by congruence (the
-   gauge's complement in closed form where it applies) or regularised; sigma_min always refined
-   on the exact J. The other blocks formed (forward-mode AD; nystrom where its landmark correction
-   is nearly as wide as the rows): ``formed_head``, V eliminated by rotating the formed rows, the
-   rest's null directions regularised.
+   Gram from the factors, V as a Schur complement, the null space deflated by the gauge's
+   complement in closed form where it is the gauge and the null inputs, else regularised;
+   sigma_min always refined on the exact J. The other blocks formed (forward-mode AD; nystrom
+   where its landmark correction is nearly as wide as the rows): ``formed_head``, V eliminated by
+   rotating the formed rows, the rest's null directions regularised.
 3. **One block given as factors** (Q or K alone): ``coordinates.factored_scope``, its input-side
    nulls deflated, else every coordinate kept and the nulls regularised.
 4. **Anything else** (linear's whole head, blocks alone from forward-mode AD, dense columns):
@@ -86,14 +86,13 @@ from lra_cond.conditioning.coordinates import (
     Deflation,
     Preconditioner,
     block_grams,
-    deflation,
     dense_preconditioner,
     input_whitening,
     kept_coordinates,
     output_whitening,
     whitened,
 )
-from lra_cond.conditioning.extremes import REGULARISE_RATIO, Extremes
+from lra_cond.conditioning.extremes import Extremes
 from lra_cond.conditioning.families.base import Factored, ValueBlock
 from lra_cond.conditioning.linearised import HeadJacobian, LinearisedLayer, linearise, weight_conditions
 from lra_cond.conditioning.nullspace import ScopeNull, scope_nulls, snap_input
@@ -505,72 +504,53 @@ def factored_head(
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors:
 
-    * each block's input side rotated to [V_perp | V_par] (``coordinates.deflation``), then preconditioned:
-      L_b (x) W_perp on the perp coordinates (their final preconditioner), L_b (x) I on the par;
-    * the par coordinates replaced by the complement of the null directions by congruence
-      (M = (L_b^{-1} (x) I) comp), whitened by the Cholesky factor of its own Gram; with ``closed``
-      (the null space is the gauge and null inputs) the complement's columns come from Q's
-      factors transformed by a Kronecker product instead (``coordinates.GaugeComplement.factor``: no
-      Householder pass, no congruence, and K meets it only on K's perp coordinates);
-    * the value block eliminated as a Schur complement, M^T T^T J_A^T (P_perp (x) I) J_A T M =
-      M^T G'_AA M - (C' M)^T (C' M) with C' = (Q_Y^T (x) I) J_A T.
+    * each block's input side rotated to [V_perp | V_par], V_par the span of the null inputs;
+      L_b (x) W_perp preconditions the perp coordinates;
+    * when the null space is the gauge and the null inputs (``closed``), the par coordinates are
+      replaced by the gauge's complement in closed form, whose columns are Q's factors transformed
+      by a Kronecker product (``coordinates.GaugeComplement.factor``: no Householder pass, no
+      congruence, and K meets it only on K's perp coordinates), whitened by the Cholesky factor of
+      its own block;
+    * the value block eliminated as a Schur complement, B^T T^T J_A^T (P_perp (x) I) J_A T B =
+      B^T G'_AA B - (C' B)^T (C' B) with C' = (Q_Y^T (x) I) J_A T.
 
-    The exact rows (of the check, the refinement and sigma_max) are an operator through the
-    factors, never formed; the value coupling C B is, from the Schur complement's pieces."""
-    fs, null = head.fs, head.null
-    d, dim, n_b = fs[0].left.shape[-1], fs[0].right.shape[-1], len(fs)
+    Any other null space keeps every coordinate and is regularised (``_factored_head_kept``). The
+    exact rows (of the check, the refinement and sigma_max) are an operator through the factors,
+    never formed; the value coupling C B is, from the Schur complement's pieces."""
     if closed is not None:
-        basis = Deflation(closed.perp, closed.rows, closed, d)
-        if not _spans_null(basis, null):
-            closed = None
-    if closed is None:
-        if null.shape[1] * REGULARISE_RATIO <= null.shape[0]:
-            return _factored_head_kept(head)
-        basis = deflation(null, d, dim, n_b)
-    t_d, h, coupling = _deflated_schur(head, basis, closed)
-    return _solve_head(head, basis, t_d, h, coupling, preconditioned=False)
+        basis = Deflation(closed.perp, closed.rows, closed, head.fs[0].left.shape[-1])
+        if _spans_null(basis, head.null):
+            t_d, h, coupling = _closed_schur(head, basis, closed)
+            return _solve_head(head, basis, t_d, h, coupling, preconditioned=False)
+    return _factored_head_kept(head)
 
 
-def _deflated_schur(
-    head: Head, basis: Deflation, closed: coordinates.GaugeComplement | None
+def _closed_schur(
+    head: Head, basis: Deflation, closed: coordinates.GaugeComplement
 ) -> tuple[Preconditioner, torch.Tensor, torch.Tensor]:
     """``factored_head``'s preconditioner T, the value block's Schur complement (preconditioned,
-    on the coordinates ``basis``) and the value coupling C B, from the factors."""
+    on the coordinates ``basis``: the perp ones, then the gauge's complement) and the value
+    coupling C B, from the factors."""
     fs, u, r_y, x = head.fs, head.u, head.r_y, head.x
     d = fs[0].left.shape[-1]
-    n_c, pcol = basis.comp.shape[1], 0
-    # each block split by input side into its perp and its par coordinates, as separate factors
-    # (the layout of ``Deflation``: every block's perp ones, then the par ones): every product
-    # below lands in that layout, no columns gathered
-    t_d, perp_fs, par_fs, m_par = Preconditioner(), [], [], []
-    for f, perp, par in zip(fs, basis.perp, basis.par):
-        lb = coordinates.output_side(f)  # a sum over the inputs: any rotation of them keeps it
+    # each block's perp coordinates as separate factors (the layout of ``Deflation``: every block's
+    # perp ones, then the complement): every product below lands in that layout, no columns gathered
+    t_d, perp_fs = Preconditioner(), []
+    for f, perp in zip(fs, basis.perp):
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
+            lb = coordinates.output_side(f)  # a sum over the inputs: any rotation of them keeps it
             w_perp = input_whitening(x @ perp)
             t_d.add_kron(lb, w_perp)
             perp_fs.append(coordinates.preconditioned(f, lb, perp @ w_perp))
-        if closed is None:
-            par_fs.append(coordinates.preconditioned(f, lb, par))
-            ws = d * par.shape[1]  # par coordinates -> the preconditioned ones: L_b^{-1} (x) I
-            comp = basis.comp[pcol : pcol + ws].reshape(d, -1)
-            m_par.append((torch.linalg.inv(lb) @ comp).reshape(ws, n_c))
-            pcol += ws
     n_perp = sum(d * f.right.shape[-1] for f in perp_fs)
-    # C' = C T on the perp coordinates and C' M on the complement; the Schur complement's pieces
+    # C' = C T on the perp coordinates and C' B on the complement; the Schur complement's pieces
     top_perp = _rows_rotated(perp_fs, u[:, :r_y], d)
     c_perp = t_d.right(top_perp, inverse=True)  # C on the perp coordinates (t_d: only theirs yet)
-    if closed is None:
-        m_par = torch.cat(m_par)
-        top_c = _rows_rotated(par_fs, u[:, :r_y], d) @ m_par
-        g_cc = m_par.T @ (block_grams(par_fs, None, x) @ m_par)
-        g_pc = block_grams(perp_fs, par_fs, x) @ m_par
-        g_pp = block_grams(perp_fs, None, x)
-    else:
-        comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
-        top_c = closed.scale(coordinates.rows_rotated(comp_f, u[:, :r_y]))
-        g = block_grams([*perp_fs, comp_f], None, x)
-        g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
-        g_cc = closed.gram(g[n_perp:, n_perp:])
+    comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
+    top_c = closed.scale(coordinates.rows_rotated(comp_f, u[:, :r_y]))
+    g = block_grams([*perp_fs, comp_f], None, x)
+    g_pp, g_pc = g[:n_perp, :n_perp], closed.scale(g[:n_perp, n_perp:])
+    g_cc = closed.gram(g[n_perp:, n_perp:])
     h, r_c = _schur_whitened(g_pp, g_pc, g_cc, top_perp, top_c)
     t_d.add_dense(r_c)
     # C B formed (its pieces are formed anyway): the inverse Gram's products read it, where the
@@ -642,8 +622,8 @@ def _schur_whitened(
 
 
 def _factored_head_kept(head: Head) -> Extremes:
-    """``factored_head`` for a null space without a closed form but with few directions (normalized
-    attention's: its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every coordinate keeps its
+    """``factored_head`` for a null space without a closed-form complement (normalized attention's:
+    its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every coordinate keeps its
     Kronecker preconditioner L_b (x) W and the null directions (all outside V) are regularised as in
     ``coordinates.factored_kept``. The value block's Schur complement T^T
     G_AA T - C'^T C' is then one Gram of the preconditioned factors less one of their rotated rows, where
