@@ -412,7 +412,7 @@ def head_spectra(
             out[scope] = _value_extremes(y, d, verified, rtol)
             continue
         a_blocks = [b for b in sb if b != "v"]
-        eliminate = y is not None and "v" in sb and a_blocks and null.value_split and not extra
+        eliminate = y is not None and "v" in sb and bool(a_blocks) and null.value_split and not extra
         if eliminate:
             i_v = sb.index("v")
             v_norm = basis[i_v * size : (i_v + 1) * size].norm(dim=0)
