@@ -245,6 +245,15 @@ def output_whitening(a: torch.Tensor, d: int, rows: int = 64) -> torch.Tensor:
     return inverse_cholesky_t(sum_over_inputs(a, a, d, rows))
 
 
+def kron_preconditioner(blocks: list[torch.Tensor], d: int, x: torch.Tensor) -> Preconditioner:
+    """L_b (x) W over formed blocks side by side: each block's output whitening, and the probe
+    input's whitening W, the same for every block."""
+    t, w = Preconditioner(), input_whitening(x)
+    for block in blocks:
+        t.add_kron(output_whitening(block, d), w)
+    return t
+
+
 def dense_whitening(a: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
     """R with a R^{-1} having unit Gram (shifted Cholesky: a preconditioner need not be exact);
     ``g``: a^T a when the caller has it (e.g. from a family's structure)."""

@@ -89,7 +89,7 @@ from lra_cond.conditioning.coordinates import (
     dense_preconditioner,
     input_whitening,
     kept_coordinates,
-    output_whitening,
+    kron_preconditioner,
     whitened,
 )
 from lra_cond.conditioning.extremes import Extremes
@@ -447,9 +447,7 @@ def head_spectra(
             out[scope] = extremes.solve(rows, t, None, verified, rtol, method, g=g, null=null_q)
             continue
         raw = [jac.block(b) for b in sb] + extra
-        t, g = Preconditioner(), None
-        for b in raw[: len(sb)]:
-            t.add_kron(output_whitening(b, d), input_whitening(x_real))
+        t, g = kron_preconditioner(raw[: len(sb)], d, x_real), None
         if extra and not sb and null.dense_product is not None:  # the columns alone, whitened
             r, scaled = whitened(extra[0], null.dense_product, null.dense_gram)  # by its structure
             t.add_dense(r)
@@ -485,12 +483,12 @@ def formed_head(head: Head, blocks: list[torch.Tensor], d: int) -> Extremes:
     eliminated exactly and the rest's Gram, of P_perp J_A, has no cancellation; its null directions
     (all outside V) are regularised."""
     u, r_y, n_v = head.u, head.r_y, head.r_y * d
-    t, tops, bottoms = Preconditioner(), [], []
+    tops, bottoms = [], []
     for block in blocks:
         both = (u.T @ block.reshape(u.shape[0], -1)).reshape(block.shape[0], -1)
         tops.append(both[:n_v])
         bottoms.append(both[n_v:])
-        t.add_kron(output_whitening(bottoms[-1], d), input_whitening(head.x))
+    t = kron_preconditioner(bottoms, d, head.x)
     null = torch.cat([head.null.new_zeros(n_v, head.null.shape[1]), orthonormal_basis(head.null)])
     value = (head.s_y[:r_y].repeat_interleave(d), torch.cat(tops, 1))
     rows = [torch.cat(bottoms, 1)]
