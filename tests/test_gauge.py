@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from lra_cond.conditioning import coordinates, jacobian_condition, nullspace
-from lra_cond.conditioning.coordinates import Deflation
 from lra_cond.conditioning.families import base as jac
 from lra_cond.linalg import null_vectors
 from lra_cond.models.attention import build_attention
@@ -35,23 +34,30 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     null = _null_basis(w_q, w_k, inputs)
     k = torch.linalg.matrix_rank(null).item()
     assert k == d * d + d * (t_q + t_k)
-    structure = nullspace.NullStructure((w_q, w_k), {"q": inputs[0], "k": inputs[1]})
-    closed = coordinates.gauge_complement(structure, ["q", "k"], k, d, dim)
+    closed = coordinates.gauge_complement((w_q, w_k), {"q": inputs[0], "k": inputs[1]}, ["q", "k"], k, d, dim)
     assert closed is not None
     eye = torch.eye(d, dtype=torch.float64)
     on_q = torch.einsum("bj,ci,ij->bcij", closed.u[1], eye, closed.alpha).reshape(d * d, d * d)
     on_k = torch.einsum("bi,cj,ij->bcij", closed.u[0], eye, closed.beta).reshape(d * d, d * d)
     comp = torch.cat([on_q, on_k])  # its columns formed, against the object that never forms them
     v, y = (torch.randn(n, 4, generator=gen, dtype=torch.float64) for n in (d * d, 2 * d * d))
-    assert closed.shape == comp.shape and closed.T.shape == comp.T.shape
-    torch.testing.assert_close(closed @ v, comp @ v, rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(closed.T @ y, comp.T @ y, rtol=1e-13, atol=1e-13)
-    basis = Deflation(closed.perp, closed.rows, closed, d)
-    u = torch.randn(basis.n, 4, generator=gen, dtype=torch.float64)
-    formed = Deflation(closed.perp, closed.rows, comp, d)
-    torch.testing.assert_close(basis.apply(u), formed.apply(u), rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(basis.apply_t(formed.apply(u)), u, rtol=1e-12, atol=1e-12)
-    b = basis.apply(torch.eye(basis.n, dtype=torch.float64))  # the basis in the blocks' layout
+    torch.testing.assert_close(closed.columns(v), comp @ v, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(closed.columns_t(y), comp.T @ y, rtol=1e-13, atol=1e-13)
+    # the whole basis, against one assembled from the formed columns: [perp_Q, perp_K | rows (x) comp]
+    n_perp = sum(d * p.shape[1] for p in closed.perp)
+    u = torch.randn(closed.n, 4, generator=gen, dtype=torch.float64)
+    par = comp @ u[n_perp:]
+    formed, col = [], 0
+    for i, (perp, rows) in enumerate(zip(closed.perp, closed.rows)):
+        wp = d * perp.shape[1]
+        on_perp = torch.einsum("cj,ajk->ack", perp, u[col : col + wp].reshape(d, -1, 4))
+        on_rows = torch.einsum("cj,ajk->ack", rows, par[i * d * d : (i + 1) * d * d].reshape(d, d, 4))
+        formed.append((on_perp + on_rows).reshape(-1, 4))
+        col += wp
+    formed = torch.cat(formed)
+    torch.testing.assert_close(closed.apply(u), formed, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(closed.apply_t(formed), u, rtol=1e-12, atol=1e-12)
+    b = closed.apply(torch.eye(closed.n, dtype=torch.float64))  # the basis in the blocks' layout
     assert b.shape == (2 * d * dim, 2 * d * dim - k)
     assert torch.allclose(b.T @ b, torch.eye(b.shape[1], dtype=torch.float64), atol=1e-13)
     assert (b.T @ null).abs().max() < 1e-13 * null.abs().max()
@@ -69,7 +75,6 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
     j_q = moved(unit.transpose(1, 2) @ w_k)  # dOmega = dW_Q^T W_K
     j_k = moved(w_q.T @ unit)  # dOmega = W_Q^T dW_K
     assert (torch.cat([j_q, j_k], 1) @ null).abs().max() < 1e-12 * j_q.abs().max()
-    n_perp = sum(d * p.shape[1] for p in closed.perp)
     comp_cols = torch.cat([j_q, j_k], 1) @ b[:, n_perp:]
     # ``factor``'s columns, densely (kron of transposed views fails in torch: copies)
     on_q = j_q @ torch.kron(closed.u[1].contiguous(), closed.rows[0].contiguous())
@@ -83,11 +88,10 @@ def test_a_null_input_among_the_gauge_s_own_is_left_to_the_dense_deflation() -> 
     d, dim = 3, 7
     w_q, w_k = (torch.randn(d, dim, generator=gen, dtype=torch.float64) for _ in range(2))
     w = w_q[:1].T / w_q[0].norm()  # a row of W_Q itself is a null input: the forms overlap
-    structure = nullspace.NullStructure((w_q, w_k), {"q": w})
-    assert coordinates.gauge_complement(structure, ["q", "k"], d * d + d, d, dim) is None
-    structure = nullspace.NullStructure((w_q, w_k), {})
-    assert coordinates.gauge_complement(structure, ["q", "k"], d * d + 1, d, dim) is None  # another group
-    assert coordinates.gauge_complement(nullspace.NullStructure(None, {}), ["q", "k"], d * d, d, dim) is None
+    assert coordinates.gauge_complement((w_q, w_k), {"q": w}, ["q", "k"], d * d + d, d, dim) is None
+    # another group
+    assert coordinates.gauge_complement((w_q, w_k), {}, ["q", "k"], d * d + 1, d, dim) is None
+    assert coordinates.gauge_complement(None, {}, ["q", "k"], d * d, d, dim) is None
 
 
 def _span_union_pivots(gauge_cols: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -114,9 +118,7 @@ def test_pivot_bound_is_below_every_pivot_span_union_would_measure(
     inputs = [null_vectors(torch.randn(dim - t, dim, generator=gen, dtype=torch.float64)) for t in (t_q, t_k)]
     basis = _null_basis(w_q, w_k, inputs)
     pivots = _span_union_pivots(basis[:, : d * d], basis[:, d * d :])
-    bound = nullspace.pivot_bound(
-        nullspace.NullStructure((w_q, w_k), {b: w for b, w in zip("qk", inputs) if w.shape[1]})
-    )
+    bound = nullspace.pivot_bound((w_q, w_k), {b: w for b, w in zip("qk", inputs) if w.shape[1]})
     assert 0 < bound <= float(pivots.min()) * (1 + 1e-9)
     assert bound > 0.01 if squeeze == 1.0 else bound < 0.01
 
@@ -146,7 +148,7 @@ def test_a_gauge_proven_independent_skips_the_test_with_the_same_null_basis(monk
     )
     fast, fast_added = _scope_null(groups, 2 * d * dim, w_q)
     assert d * d not in tested  # the gauge's test was skipped
-    monkeypatch.setattr(nullspace, "pivot_bound", lambda structure: 0.0)
+    monkeypatch.setattr(nullspace, "pivot_bound", lambda gauge, null_inputs: 0.0)
     slow, slow_added = _scope_null(groups, 2 * d * dim, w_q)
     assert d * d in tested  # and taken without the proof
     assert fast_added == slow_added == [d * d, d]

@@ -1,10 +1,11 @@
 """Step 3 of the probe: the problem on the complement of the null space: its coordinates, its
 preconditioner, and its exact rows as an operator.
 
-* **Coordinates** (``Deflation``). Each block's input side is rotated so that the null
-  directions live in a few input coordinates, and only those are replaced by an orthonormal
-  complement (the gauge's, in closed form): the blocks keep their Kronecker layout. Any other
-  null space keeps every coordinate and is regularised in the factor (``extremes.solve``).
+* **Coordinates.** Each block's input side is rotated so that the null directions live in a few
+  input coordinates, and only those are replaced by an orthonormal complement: the gauge's, in
+  closed form (``GaugeComplement``), or none where they are the block's null inputs alone
+  (``factored_scope``). The blocks keep their Kronecker layout. Any other null space keeps every
+  coordinate and is regularised in the factor (``extremes.solve``).
 * **The gauge's complement in closed form** (``gauge_complement``). Scores that see queries and
   keys only through inner products (softmax, nystrom) leave the gauge {(M A, -M^T B)} null
   (A = W~_Q, B = W~_K, M any d x d). With A_b = U_b S_b Vh_b off the null inputs, the d^2 columns
@@ -29,14 +30,13 @@ preconditioner, and its exact rows as an operator.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
 from lra_cond.conditioning import nullspace
 from lra_cond.conditioning.families.base import Factored, Mixing, TokenMixing
-from lra_cond.conditioning.nullspace import NullStructure
 from lra_cond.linalg import RANK_RTOL, gram, kron_right, orthonormal_basis
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
@@ -44,11 +44,12 @@ INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of t
 
 @dataclass
 class GaugeComplement:
-    """An orthonormal basis of the complement of the gauge and the null inputs, per block (q, k):
-    ``perp`` (D', p_b) input directions kept whole, ``rows`` (D', d) the gauge's input directions
-    (Vh_b^T); and the d^2 columns on the latter, (alpha_ij u^K_j (x) e_i, beta_ij u^Q_i (x) e_j),
-    which the object applies itself (``@``, ``.T``) through U_Q, U_K and the scales, never formed:
-    on Q's rows coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's
+    """An orthonormal basis B of the complement of the gauge and the null inputs on [Q | K], in a
+    Kronecker layout: per block, the input side rotated to ``perp`` (D', p_b: input directions kept
+    whole) and ``rows`` (D', d: the gauge's input directions, Vh_b^T); B's columns are every block's
+    perp coordinates (d x p_b each), then the d^2 columns on the ``rows`` coordinates,
+    (alpha_ij u^K_j (x) e_i, beta_ij u^Q_i (x) e_j), applied through U_Q, U_K and the scales, never
+    formed: on Q's rows coordinates (b, c) column (i, j) is alpha_ij U_K[b, j] [c = i], on K's
     beta_ij U_Q[b, i] [c = j], so a product with k columns costs ~4 d^3 k flops where the dense
     (2 d^2, d^2) matrix reads 2 d^4 entries, twice per product of a whole head's exact rows."""
 
@@ -57,33 +58,54 @@ class GaugeComplement:
     u: tuple[torch.Tensor, torch.Tensor]  # (U_Q, U_K)
     alpha: torch.Tensor  # (d, d) [i, j]
     beta: torch.Tensor
-    transposed: bool = False  # as an operator: the columns' transpose
 
     @property
     def d(self) -> int:
         return self.alpha.shape[0]
 
     @property
-    def shape(self) -> tuple[int, int]:
-        d = self.d
-        return (d * d, 2 * d * d) if self.transposed else (2 * d * d, d * d)
+    def n(self) -> int:
+        return sum(self.d * p.shape[1] for p in self.perp) + self.d * self.d
 
-    @property
-    def T(self) -> GaugeComplement:  # noqa: N802 (reads like a tensor's)
-        return replace(self, transposed=not self.transposed)
-
-    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+    def columns(self, v: torch.Tensor) -> torch.Tensor:
         """The d^2 columns on the blocks' ``rows`` coordinates (rows (b, c): output b, input
-        ``rows[:, c]``), (2 d^2, d^2), times v (or their transpose's product)."""
+        ``rows[:, c]``), (2 d^2, d^2), times v."""
         d, k, (u_q, u_k) = self.d, v.shape[1], self.u
-        if self.transposed:  # [(b, c) on Q | (b, c) on K] -> (i, j)
-            on_q = (u_k.T @ v[: d * d].reshape(d, -1)).view(d, d, k).transpose(0, 1)  # [i, j, k]
-            on_k = (u_q.T @ v[d * d :].reshape(d, -1)).view(d, d, k)  # [i, j, k]
-            return (on_q * self.alpha[:, :, None] + on_k * self.beta[:, :, None]).reshape(d * d, k)
         v3 = v.reshape(d, d, k)  # [i, j, k]
         on_q = u_k @ (v3 * self.alpha[:, :, None]).transpose(0, 1).reshape(d, -1)  # [b, (c = i, k)]
         on_k = u_q @ (v3 * self.beta[:, :, None]).reshape(d, -1)  # [b, (c = j, k)]
         return torch.cat([on_q, on_k]).reshape(2 * d * d, k)
+
+    def columns_t(self, v: torch.Tensor) -> torch.Tensor:
+        """The transpose's product: [(b, c) on Q | (b, c) on K] -> (i, j)."""
+        d, k, (u_q, u_k) = self.d, v.shape[1], self.u
+        on_q = (u_k.T @ v[: d * d].reshape(d, -1)).view(d, d, k).transpose(0, 1)  # [i, j, k]
+        on_k = (u_q.T @ v[d * d :].reshape(d, -1)).view(d, d, k)  # [i, j, k]
+        return (on_q * self.alpha[:, :, None] + on_k * self.beta[:, :, None]).reshape(d * d, k)
+
+    def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
+        d, k = self.d, v.shape[1]
+        n_perp = sum(d * p.shape[1] for p in self.perp)
+        par = self.columns(v[n_perp:])
+        out, col = [], 0
+        for i, (perp, rows) in enumerate(zip(self.perp, self.rows)):
+            wp = d * perp.shape[1]
+            block = torch.einsum("cj,ajk->ack", perp, v[col : col + wp].reshape(d, -1, k))
+            on_rows = par[i * d * d : (i + 1) * d * d].reshape(d, d, k)
+            block = block + torch.einsum("cj,ajk->ack", rows, on_rows)
+            out.append(block.reshape(-1, k))
+            col += wp
+        return torch.cat(out)
+
+    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # B^T v: full -> deflated coordinates
+        d, k = self.d, v.shape[1]
+        perps, pars, start = [], [], 0
+        for perp, rows in zip(self.perp, self.rows):
+            block = v[start : start + d * perp.shape[0]].reshape(d, perp.shape[0], k)
+            perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
+            pars.append(torch.einsum("cj,ack->ajk", rows, block).reshape(-1, k))
+            start += d * perp.shape[0]
+        return torch.cat([*perps, self.columns_t(torch.cat(pars))])
 
     def factor(self, fs: list[Factored]) -> Factored:
         """J_Q (U_K (x) Vh_Q^T) (columns (j, i)): the complement's columns of J, up to ``scale``.
@@ -107,20 +129,25 @@ class GaugeComplement:
 
 
 def gauge_complement(
-    structure: NullStructure, blocks: list[str], k: int, d: int, dim: int
+    gauge: tuple[torch.Tensor, torch.Tensor] | None,
+    null_inputs: dict[str, torch.Tensor],
+    blocks: list[str],
+    k: int,
+    d: int,
+    dim: int,
 ) -> GaugeComplement | None:
-    """The closed-form complement for a null space of rank ``k`` over ``blocks``, or None when it
-    does not apply: no gauge, other blocks, a rank other than d^2 + d (t_Q + t_K) (other groups, or
-    directions shared between them), or gauge input directions that (nearly) lie among the null
-    inputs (the caller then deflates the dense basis)."""
-    if structure.gauge is None or blocks != ["q", "k"]:
+    """The closed-form complement for a null space of rank ``k`` over ``blocks``, made of the gauge
+    of ``gauge`` = (W~_Q, W~_K) and each block's ``null_inputs`` (an orthonormal basis W_b: every
+    u w^T, w in span W_b, null), or None when it does not apply: no gauge, other blocks, a rank
+    other than d^2 + d (t_Q + t_K) (other groups, or directions shared between them), or gauge
+    input directions that (nearly) lie among the null inputs (the caller then regularises)."""
+    if gauge is None or blocks != ["q", "k"]:
         return None
-    like = structure.gauge[0]
-    inputs = [structure.inputs.get(b, like.new_zeros(dim, 0)) for b in blocks]
+    inputs = [null_inputs.get(b, gauge[0].new_zeros(dim, 0)) for b in blocks]
     if k != d * d + d * sum(w.shape[1] for w in inputs):
         return None
     perps, rows, us, ss = [], [], [], []
-    for w, a in zip(inputs, structure.gauge):
+    for w, a in zip(inputs, gauge):
         a_proj = a - (a @ w) @ w.T
         u, s, vh = torch.linalg.svd(a_proj, full_matrices=False)
         if float(s[-1]) <= INDEPENDENT_RTOL * float(s[0]):
@@ -298,60 +325,12 @@ def whitened(
 
 
 def input_rotation(null: torch.Tensor, d: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """One block's input side split as in ``Deflation``: (V_perp, V_par, null directions)."""
+    """One block's input side split by its null directions: (V_perp, V_par, their number)."""
     k = null.shape[1]
     if not k:
         return torch.eye(dim, dtype=null.dtype, device=null.device), null.new_zeros(dim, 0), 0
     v_par, v_perp = nullspace.row_space(null.T.reshape(k * d, dim))
     return v_perp, v_par, k
-
-
-@dataclass
-class Deflation:
-    """An orthonormal basis B of N^perp in a Kronecker layout: per block, the input side rotated
-    (``perp`` (D', p_b): coordinates free of null directions, kept as they are; ``par`` (D', s_b):
-    the null directions' input span), and ``comp`` (sum_b d s_b, n_c): an orthonormal complement
-    of the null directions inside the par coordinates (an operator with ``shape``, ``@`` and
-    ``.T``: ``GaugeComplement``; a tensor, empty when nothing is deflated). Columns: every block's
-    perp coordinates (d x p_b each), then the complement."""
-
-    perp: list[torch.Tensor]
-    par: list[torch.Tensor]
-    comp: torch.Tensor | GaugeComplement
-    d: int
-
-    @property
-    def n(self) -> int:
-        return sum(self.d * p.shape[1] for p in self.perp) + self.comp.shape[1]
-
-    def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
-        d, k = self.d, v.shape[1]
-        n_perp = sum(d * p.shape[1] for p in self.perp)
-        par = self.comp @ v[n_perp:]
-        out, col, pcol = [], 0, 0
-        for perp, par_in in zip(self.perp, self.par):
-            wp, ws = d * perp.shape[1], d * par_in.shape[1]
-            block = torch.einsum("cj,ajk->ack", perp, v[col : col + wp].reshape(d, -1, k))
-            block = block + torch.einsum("cj,ajk->ack", par_in, par[pcol : pcol + ws].reshape(d, -1, k))
-            out.append(block.reshape(-1, k))
-            col, pcol = col + wp, pcol + ws
-        return torch.cat(out)
-
-    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # B^T v: full -> deflated coordinates
-        d, k = self.d, v.shape[1]
-        perps, pars, start = [], [], 0
-        for perp, par_in in zip(self.perp, self.par):
-            block = v[start : start + d * perp.shape[0]].reshape(d, perp.shape[0], k)
-            perps.append(torch.einsum("cj,ack->ajk", perp, block).reshape(-1, k))
-            pars.append(torch.einsum("cj,ack->ajk", par_in, block).reshape(-1, k))
-            start += d * perp.shape[0]
-        return torch.cat([*perps, self.comp.T @ torch.cat(pars)])
-
-
-def identity_deflation(like: torch.Tensor, d: int, dim: int, n_blocks: int) -> Deflation:
-    """The ``Deflation`` of n_blocks blocks that keeps every coordinate (no null direction)."""
-    eye = torch.eye(dim, dtype=like.dtype, device=like.device)
-    return Deflation([eye] * n_blocks, [eye[:, :0]] * n_blocks, like.new_zeros(0, 0), d)
 
 
 def complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -365,24 +344,25 @@ def complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
 
 class DeflatedRows:
     """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
-    B a ``Deflation`` and D optional dense columns (T d, r_D; only with
-    U = None), as an operator: exact rows without forming them (``dense`` does, for a Householder
-    QR or svdvals). The whole head's rows after the value elimination, a factored block's rows on
-    its deflated coordinates, or factored blocks next to a family's dense columns."""
+    B a ``GaugeComplement`` (None: every coordinate kept) and D optional dense columns (T d, r_D;
+    only with U = None), as an operator: exact rows without forming them (``dense`` does, for a
+    Householder QR or svdvals). The whole head's rows after the value elimination, or factored
+    blocks next to a family's dense columns."""
 
     def __init__(
         self,
         blocks: list[Factored],
         u: torch.Tensor | None,
         d: int,
-        basis: Deflation,
+        basis: GaugeComplement | None,
         columns: torch.Tensor | None = None,
         transposed: bool = False,
     ) -> None:
         self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
         self.transposed = transposed
+        self.n = basis.n if basis is not None else sum(d * b.right.shape[-1] for b in blocks)
         extra = 0 if columns is None else columns.shape[1]
-        shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, basis.n + extra)
+        shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, self.n + extra)
         self.shape = shape[::-1] if transposed else shape
 
     def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
@@ -393,8 +373,8 @@ class DeflatedRows:
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
         if self.transposed:
             return self._apply_t(v)
-        n = self.basis.n
-        full = self.basis.apply(v[:n])
+        n = self.n
+        full = v[:n] if self.basis is None else self.basis.apply(v[:n])
         out, size = None, full.shape[0] // len(self.blocks)
         for i, b in enumerate(self.blocks):
             part = b.apply(full[i * size : (i + 1) * size])
@@ -405,7 +385,8 @@ class DeflatedRows:
 
     def _apply_t(self, y: torch.Tensor) -> torch.Tensor:
         back = y if self.u is None else self._rotate(y, self.u.T)  # U (x) I: back to the token rows
-        out = self.basis.apply_t(torch.cat([b.apply_t(back) for b in self.blocks]))
+        out = torch.cat([b.apply_t(back) for b in self.blocks])
+        out = out if self.basis is None else self.basis.apply_t(out)
         return out if self.columns is None else torch.cat([out, self.columns.T @ back])
 
     @property
@@ -415,7 +396,7 @@ class DeflatedRows:
     def dense(self) -> torch.Tensor:
         rows = self.blocks[0].left.shape[0] * self.d
         full = torch.cat([self._rotate(b.dense().reshape(rows, -1), self.u) for b in self.blocks], 1)
-        out = self.basis.apply_t(full.T).T
+        out = full if self.basis is None else self.basis.apply_t(full.T).T
         return out if self.columns is None else torch.cat([out, self.columns], 1)
 
 
@@ -463,18 +444,15 @@ def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> to
     return out
 
 
-def kept_coordinates(
-    fs: list[Factored], d: int, x: torch.Tensor
-) -> tuple[Preconditioner, list[Factored], Deflation]:
-    """Factored blocks with every coordinate kept: their Kronecker preconditioner L_b (x) W, the
-    preconditioned factors, and the identity ``Deflation`` of their coordinates."""
-    dim = x.shape[1]
+def kept_coordinates(fs: list[Factored], x: torch.Tensor) -> tuple[Preconditioner, list[Factored]]:
+    """Factored blocks with every coordinate kept: their Kronecker preconditioner L_b (x) W and the
+    preconditioned factors."""
     t, pre = Preconditioner(), []
     for f in fs:
         lb, w, p = _kept_factor(f, x)
         t.add_kron(lb, w)
         pre.append(p)
-    return t, pre, identity_deflation(x, d, dim, len(fs))
+    return t, pre
 
 
 def _kept_factor(f: Factored, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Factored]:
@@ -502,12 +480,12 @@ def factored_kept(
     block, R_D for the columns) and the preconditioned Gram from the factors (``_cross_grams``:
     T d^2 D'^2 per pair of blocks and T d (d + D') r_D against the columns, where the formed rows'
     Gram costs T d n^2). No cancellation: the same sums as the formed rows' Gram, in another order."""
-    t, pre, identity = kept_coordinates(fs, d, x)
+    t, pre = kept_coordinates(fs, x)
     scaled = None
     if columns is not None:
         r, scaled = whitened(columns, product, columns_gram)
         t.add_dense(r)
-    rows = [DeflatedRows(fs, None, d, identity, columns)]
+    rows = [DeflatedRows(fs, None, d, None, columns)]
     return rows, t, _cross_grams(pre, scaled)
 
 
@@ -528,8 +506,8 @@ def factored_scope(
     pre = preconditioned(f, lb, v_perp @ w)
     t = Preconditioner()
     t.add_kron(lb, w)
-    on_perp = Deflation([v_perp], [v_par], v_par.new_zeros(d * v_par.shape[1], 0), d)
-    return [DeflatedRows([f], None, d, on_perp)], t, cross_gram(pre, pre), None
+    on_perp = preconditioned(f, None, v_perp)  # J (I (x) V_perp): the par coordinates dropped
+    return [DeflatedRows([on_perp], None, d, None)], t, cross_gram(pre, pre), None
 
 
 # Grams from per-token factors. A block's rows (i, a) for token i and columns (b, c) (a d x D'

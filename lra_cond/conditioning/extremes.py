@@ -114,12 +114,23 @@ CHECK_RTOL = 1e-7  # Rayleigh-quotient check of sigma_min, on top of the check's
 
 
 @dataclass
-class Extremes:
+class SpectrumSummary:
+    """Extreme non-null singular values of J, of one block of it, or of one head's part of either.
+    ``null_gain`` bounds the largest singular value the cut excluded: J's gain on the deflated
+    directions (``nullspace.group_gain``) or the largest exact value at or below rtol * sigma_max
+    (0: none known)."""
+
     sigma_max: float
     sigma_min: float
-    n_null: int  # null directions excluded: the verified rank plus any value <= rtol * sigma_max
+    n_null: int  # singular values excluded as null: the verified ones plus any <= rtol * sigma_max
     notes: list[str] = field(default_factory=list)
-    largest_null: float = 0.0  # the largest singular value excluded by the cut (svdvals), if known
+    null_gain: float = 0.0
+    n_null_expected: int = 0  # the verified null space's dimension (a scope over every head)
+    n_params: int = 0
+
+    @property
+    def kappa(self) -> float:
+        return self.sigma_max / self.sigma_min
 
 
 @dataclass
@@ -393,7 +404,7 @@ def solve(
     null: torch.Tensor | None = None,
     refine: bool = False,
     joint: DeflatedRows | None = None,
-) -> Extremes:
+) -> SpectrumSummary:
     """``value``: (rv, C) of a value part, or (rv, C T, True) (``_Factor.c_preconditioned``).
     ``g``: the preconditioned Gram, when the caller formed it from factors. ``null``: an
     orthonormal basis of null directions left in the coordinates (regularised in the factor,
@@ -451,5 +462,5 @@ def solve(
             f"{extra} singular value(s) <= rtol * sigma_max beyond the {verified} verified null "
             "directions: taken from svdvals"
         )
-        return Extremes(smax, smin, verified + extra, notes, excluded)
-    return Extremes(smax, smin, verified, notes)
+        return SpectrumSummary(smax, smin, verified + extra, notes, excluded)
+    return SpectrumSummary(smax, smin, verified, notes)

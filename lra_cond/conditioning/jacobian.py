@@ -83,7 +83,7 @@ import torch
 from lra_cond.conditioning import coordinates, extremes, nullspace
 from lra_cond.conditioning.coordinates import (
     DeflatedRows,
-    Deflation,
+    GaugeComplement,
     Preconditioner,
     block_grams,
     dense_preconditioner,
@@ -92,7 +92,7 @@ from lra_cond.conditioning.coordinates import (
     kron_preconditioner,
     whitened,
 )
-from lra_cond.conditioning.extremes import Extremes
+from lra_cond.conditioning.extremes import SpectrumSummary
 from lra_cond.conditioning.families.base import Factored, ValueBlock
 from lra_cond.conditioning.linearised import HeadJacobian, LinearisedLayer, linearise, weight_conditions
 from lra_cond.conditioning.nullspace import ScopeNull, scope_nulls, snap_input
@@ -116,25 +116,6 @@ DEFINITION = (
     "null space; A = attention output before out_proj at the probe's real tokens; float64, eval, "
     "explicit math; linear attention at eps -> 0"
 )
-
-
-@dataclass
-class SpectrumSummary:
-    """Extreme non-null singular values of J (or of one block of it)."""
-
-    kappa: float | None
-    sigma_max: float | None
-    sigma_min: float | None
-    n_null: int  # singular values excluded as null
-    n_null_expected: int  # dimension of the verified analytic null space
-    n_params: int
-    # a bound on the largest singular value the cut excluded: J's gain on the deflated directions
-    # (``nullspace.group_gain``) or the largest exact value at or below rtol * sigma_max
-    null_gain: float = 0.0
-
-    @property
-    def separation(self) -> float | None:
-        return separation(self.sigma_min, self.null_gain)
 
 
 @dataclass
@@ -199,14 +180,14 @@ def _too_small(probe: LinearisedLayer) -> str | None:
 
 
 def _combine(
-    heads: list[Extremes], expected: int, n_params: int, rtol: float, null_gain: float
+    heads: list[SpectrumSummary], expected: int, n_params: int, rtol: float, null_gain: float
 ) -> SpectrumSummary:
     smax = max(e.sigma_max for e in heads)
     kept = [e.sigma_min for e in heads if e.sigma_min > rtol * smax]  # the dense reference's cut
     smin = min(kept)
     n_null = sum(e.n_null for e in heads) + sum(e.sigma_min <= rtol * smax for e in heads)
-    cut = [e.sigma_min for e in heads if e.sigma_min <= rtol * smax] + [e.largest_null for e in heads]
-    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, max([null_gain, *cut]))
+    cut = [e.sigma_min for e in heads if e.sigma_min <= rtol * smax] + [e.null_gain for e in heads]
+    return SpectrumSummary(smax, smin, n_null, [], max([null_gain, *cut]), expected, n_params)
 
 
 def _dense_summary(
@@ -215,7 +196,7 @@ def _dense_summary(
     """The scope's every singular value by svdvals of each head's columns, cut at rtol (the
     ``dense`` method's definition)."""
     smax, smin, n_null, excluded = spectrum_cut(torch.cat([svdvals(j.columns(sb)) for j in jacs]), rtol)
-    return SpectrumSummary(smax / smin, smax, smin, n_null, expected, n_params, excluded)
+    return SpectrumSummary(smax, smin, n_null, [], excluded, expected, n_params)
 
 
 def jacobian_condition(
@@ -281,7 +262,7 @@ def jacobian_condition(
     scopes = {"all": probe.blocks, **({b: (b,) for b in probe.blocks} if per_block else {})}
     x_real = probe.x[probe.real]
     group_ranks: dict[str, int] = {}
-    spectra: list[dict[str, Extremes]] = [{} for _ in heads]
+    spectra: list[dict[str, SpectrumSummary]] = [{} for _ in heads]
     expected_of: dict[str, int] = {}
     null_gain_of: dict[str, float] = {}
     # One scope at a time, each head's spectrum taken before the next scope's nulls are built: a
@@ -357,13 +338,13 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
     return y if bool((got - want).norm() <= 1e-12 * max(float(got.norm()), 1e-300)) else None
 
 
-def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> Extremes:
+def _value_extremes(y: torch.Tensor, d: int, verified: int, rtol: float) -> SpectrumSummary:
     """Y (x) I_d: every singular value of Y, d times (exact)."""
     s = svdvals(y)
     smax, smin, n_null, excluded = spectrum_cut(torch.cat([s, s.new_zeros(y.shape[1] - s.numel())]), rtol)
     extra = d * n_null - verified
     notes = [f"{extra} value-block null value(s) beyond the verified ones"] if extra > 0 else []
-    return Extremes(smax, smin, max(verified, d * n_null), notes, excluded)
+    return SpectrumSummary(smax, smin, max(verified, d * n_null), notes, excluded)
 
 
 def _value_rotation(
@@ -395,7 +376,7 @@ def head_spectra(
     rtol: float,
     method: str = "gram",
     factors: dict[str, Factored] | None = None,
-) -> dict[str, Extremes]:
+) -> dict[str, SpectrumSummary]:
     """Extremes of every scope in ``nulls`` ("all", or a single block) of one head: each scope's
     columns are its ``ScopeNull.blocks`` of ``jac`` (blocks laid out in ``blocks`` order), then its
     ``dense`` columns. ``factors``: blocks the family gave in factored form (single-block scopes
@@ -403,7 +384,7 @@ def head_spectra(
     factors = factors or {}
     size = d * dim
     y, u, s_y, r_y = _value_rotation(jac, blocks, d, rtol)
-    out: dict[str, Extremes] = {}
+    out: dict[str, SpectrumSummary] = {}
     for scope, null in nulls.items():
         sb = null.blocks if null.blocks is not None else (list(blocks) if scope == "all" else [scope])
         basis, extra = null.basis, [] if null.dense is None else [null.dense]
@@ -427,8 +408,10 @@ def head_spectra(
             head = Head(fs, u, r_y, s_y, null_a, x_real, verified, rtol, method)
             if factored:  # the Gram from the factors, no rows formed
                 closed = None
-                if null.structure is not None:
-                    closed = coordinates.gauge_complement(null.structure, a_blocks, null_a.shape[1], d, dim)
+                if null.null_inputs is not None:
+                    closed = coordinates.gauge_complement(
+                        null.gauge, null.null_inputs, a_blocks, null_a.shape[1], d, dim
+                    )
                 out[scope] = factored_head(head, closed)
             else:
                 out[scope] = formed_head(head, [jac.block(b) for b in a_blocks], d)
@@ -476,7 +459,7 @@ class Head(NamedTuple):
     method: str
 
 
-def formed_head(head: Head, blocks: list[torch.Tensor], d: int) -> Extremes:
+def formed_head(head: Head, blocks: list[torch.Tensor], d: int) -> SpectrumSummary:
     """The whole head from its formed columns (``blocks``: every block but V, from forward-mode AD or
     nystrom's Q and K where its landmark correction is nearly as wide as the rows): rows rotated by
     [Q_Y | Q_perp]^T (x) I, J = [[diag(s_Y) (x) I, C], [0, P_perp J_A]], so the value block is
@@ -497,8 +480,8 @@ def formed_head(head: Head, blocks: list[torch.Tensor], d: int) -> Extremes:
 
 def factored_head(
     head: Head,
-    closed: coordinates.GaugeComplement | None = None,
-) -> Extremes:
+    closed: GaugeComplement | None = None,
+) -> SpectrumSummary:
     """The whole head when every block but V is given as factors (softmax, normalized, nystrom: Q, K),
     every piece from the factors:
 
@@ -515,26 +498,22 @@ def factored_head(
     Any other null space keeps every coordinate and is regularised (``_factored_head_kept``). The
     exact rows (of the check, the refinement and sigma_max) are an operator through the factors,
     never formed; the value coupling C B is, from the Schur complement's pieces."""
-    if closed is not None:
-        basis = Deflation(closed.perp, closed.rows, closed, head.fs[0].left.shape[-1])
-        if _spans_null(basis, head.null):
-            t_d, h, coupling = _closed_schur(head, basis, closed)
-            return _solve_head(head, basis, t_d, h, coupling, preconditioned=False)
+    if closed is not None and _spans_null(closed, head.null):
+        t_d, h, coupling = _closed_schur(head, closed)
+        return _solve_head(head, closed, t_d, h, coupling, preconditioned=False)
     return _factored_head_kept(head)
 
 
-def _closed_schur(
-    head: Head, basis: Deflation, closed: coordinates.GaugeComplement
-) -> tuple[Preconditioner, torch.Tensor, torch.Tensor]:
+def _closed_schur(head: Head, closed: GaugeComplement) -> tuple[Preconditioner, torch.Tensor, torch.Tensor]:
     """``factored_head``'s preconditioner T, the value block's Schur complement (preconditioned,
-    on the coordinates ``basis``: the perp ones, then the gauge's complement) and the value
+    on the coordinates of ``closed``: the perp ones, then the gauge's complement) and the value
     coupling C B, from the factors."""
     fs, u, r_y, x = head.fs, head.u, head.r_y, head.x
     d = fs[0].left.shape[-1]
-    # each block's perp coordinates as separate factors (the layout of ``Deflation``: every block's
-    # perp ones, then the complement): every product below lands in that layout, no columns gathered
+    # each block's perp coordinates as separate factors (the layout of ``GaugeComplement``: every
+    # block's perp ones, then the complement): every product below lands in that layout
     t_d, perp_fs = Preconditioner(), []
-    for f, perp in zip(fs, basis.perp):
+    for f, perp in zip(fs, closed.perp):
         if perp.shape[1]:  # (every input direction may carry a null one: then no perp part)
             lb = coordinates.output_side(f)  # a sum over the inputs: any rotation of them keeps it
             w_perp = input_whitening(x @ perp)
@@ -558,18 +537,19 @@ def _closed_schur(
 
 def _solve_head(
     head: Head,
-    basis: Deflation,
+    basis: GaugeComplement | None,
     t: Preconditioner,
     h: torch.Tensor,
     coupling: torch.Tensor,
     preconditioned: bool,
     null: torch.Tensor | None = None,
-) -> Extremes:
+) -> SpectrumSummary:
     """The extremes of a whole head from its value block's Schur complement ``h`` (preconditioned
-    by ``t`` on the coordinates ``basis``), the value part diag(s_Y) (x) I_d and its ``coupling``
-    (C, or C T when ``preconditioned``: ``extremes._Factor.c_preconditioned``); the exact rows through the
-    factors, those of Q_perp and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``:
-    null directions left in the coordinates (``extremes.solve``)."""
+    by ``t`` on the coordinates ``basis``; None: every coordinate kept), the value part
+    diag(s_Y) (x) I_d and its ``coupling`` (C, or C T when ``preconditioned``:
+    ``extremes._Factor.c_preconditioned``); the exact rows through the factors, those of Q_perp
+    and, for sigma_max, [C B; rows] as one operator (``joint``). ``null``: null directions left in
+    the coordinates (``extremes.solve``)."""
     fs, u, r_y = head.fs, head.u, head.r_y
     d = fs[0].left.shape[-1]
     rows = [DeflatedRows(fs, u[:, r_y:], d, basis)]
@@ -619,7 +599,7 @@ def _schur_whitened(
     return h, r_c
 
 
-def _factored_head_kept(head: Head) -> Extremes:
+def _factored_head_kept(head: Head) -> SpectrumSummary:
     """``factored_head`` for a null space without a closed-form complement (normalized attention's:
     its orthogonal gauge, ~d^2 / 2 of the 2 d D' columns): every coordinate keeps its
     Kronecker preconditioner L_b (x) W and the null directions (all outside V) are regularised as in
@@ -628,17 +608,17 @@ def _factored_head_kept(head: Head) -> Extremes:
     deflating takes a Householder complement and four congruences by it."""
     fs, u, r_y, null, x = head.fs, head.u, head.r_y, head.null, head.x
     d = fs[0].left.shape[-1]
-    t, pre, identity = kept_coordinates(fs, d, x)
+    t, pre = kept_coordinates(fs, x)
     top = _rows_rotated(pre, u[:, :r_y], d)  # C' = C T
     h = block_grams(pre, None, x)
     h = gram(top, add_to=h, alpha=-1.0)  # in place: no second 4160^2 matrix
     n_v = r_y * d
     # the null directions in the factor's coordinates [V | A]: none has a V part (``value_split``)
     null_q = torch.cat([null.new_zeros(n_v, null.shape[1]), orthonormal_basis(null)])
-    return _solve_head(head, identity, t, h, top, preconditioned=True, null=null_q)
+    return _solve_head(head, None, t, h, top, preconditioned=True, null=null_q)
 
 
-def _spans_null(basis: Deflation, null: torch.Tensor, probes: int = 2) -> bool:
+def _spans_null(basis: GaugeComplement, null: torch.Tensor, probes: int = 2) -> bool:
     """Whether the closed-form basis is orthogonal to the verified null directions (random
     combinations of them: a basis built from a wrong structure would not be)."""
     gen = torch.Generator().manual_seed(0)

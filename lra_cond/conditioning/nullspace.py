@@ -21,7 +21,7 @@ its cut (rtol * sigma_max) afterwards: one tolerance decides what is null.
 
 ``scope_nulls`` assembles each head's verified groups on a scope into a basis of their span
 (``ScopeNull``), with their closed forms where the groups are the gauge and input-side directions
-(``NullStructure``: the next step then builds the complement in closed form).
+(``ScopeNull.gauge`` and ``.null_inputs``: the next step then builds the complement in closed form).
 """
 
 from __future__ import annotations
@@ -42,15 +42,6 @@ from lra_cond.linalg import (
 )
 
 GAUGE_RTOL = 1e-10  # a group is the gauge (or input-side) when its directions fit that form to this
-
-
-@dataclass
-class NullStructure:
-    """A scope's null space outside V as closed-form groups: the gauge of (W~_Q, W~_K), if verified,
-    and per block an orthonormal basis of its null inputs W_b (every u w^T, w in span W_b, null)."""
-
-    gauge: tuple[torch.Tensor, torch.Tensor] | None = None
-    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def row_space(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +84,7 @@ def is_unit_basis(m: torch.Tensor) -> bool:
     return float((m - eye).norm()) <= 1e-8 * d
 
 
-def pivot_bound(structure: NullStructure) -> float:
+def pivot_bound(gauge: tuple[torch.Tensor, torch.Tensor], null_inputs: dict[str, torch.Tensor]) -> float:
     """A lower bound on what ``linalg.span_union``'s independence test measures for a gauge whose M_i
     are an orthonormal set (``is_unit_basis``), joined after the null inputs: each direction's
     distance to the span of the null inputs' directions and of the gauge's before it, over its own
@@ -105,8 +96,8 @@ def pivot_bound(structure: NullStructure) -> float:
     A_b (I - W_b W_b^T), of norm >= lo ||M||, lo^2 = s_min(A'_Q)^2 + s_min(A'_K)^2. So that
     distance, over the norm, is at least lo / hi times M_i's distance to the span of the others: 1."""
     lo = hi = 0.0
-    for b, a in zip("qk", structure.gauge or ()):
-        w = structure.inputs.get(b)
+    for b, a in zip("qk", gauge):
+        w = null_inputs.get(b)
         s_proj = torch.linalg.svdvals(a if w is None else a - (a @ w) @ w.T)
         lo, hi = lo + float(s_proj[-1]) ** 2, hi + float(torch.linalg.svdvals(a)[0]) ** 2
     return math.sqrt(lo / hi) if hi > 0 else 0.0
@@ -119,8 +110,8 @@ class NullGroup:
     name: str
     blocks: frozenset[str]
     directions: torch.Tensor  # (head_size of its scope, m)
-    # its closed form, when it has one (``NullStructure``): the null inputs W_b of a one-block input-side
-    # group (every u w^T, w in span W_b), or the (W~_Q, W~_K) of the gauge
+    # its closed form, when it has one: the null inputs W_b of a one-block input-side group (every
+    # u w^T, w in span W_b), or the (W~_Q, W~_K) of the gauge
     input_side: torch.Tensor | None = None
     gauge: tuple[torch.Tensor, torch.Tensor] | None = None
     unit_gauge: bool = False  # the gauge's M_i are the unit matrices (``is_unit_basis``)
@@ -141,7 +132,11 @@ class ScopeNull:
     reduced: int = 0  # null directions already removed by the dense reduction (counted in n_null)
     dense_product: Callable[[torch.Tensor], torch.Tensor] | None = None  # M -> dense @ M, structured
     dense_gram: Callable[[], torch.Tensor] | None = None  # () -> ~dense^T dense, for its preconditioner
-    structure: NullStructure | None = None  # every group outside V in closed form (``NullStructure``)
+    # every group outside V in closed form, when each has one (``_closed_forms``): the gauge's
+    # (W~_Q, W~_K) if it is among them, and per block an orthonormal basis of its null inputs
+    # (every u w^T, w in their span, null); None: some group outside V has no closed form
+    gauge: tuple[torch.Tensor, torch.Tensor] | None = None
+    null_inputs: dict[str, torch.Tensor] | None = None
 
 
 ACCEPT_RTOL = 1e-8  # ||J v|| / typical ||J u|| below this: v is a null direction (float64 noise ~1e-15)
@@ -187,7 +182,7 @@ def candidates(
     probe: LinearisedLayer, h: int, blocks: tuple[str, ...], w0: torch.Tensor
 ) -> dict[str, NullGroup]:
     """Every candidate group of head h for a scope over ``blocks``, each with its closed form
-    when it has one (``NullStructure``: input-side on one block, or the gauge of Q and K)."""
+    when it has one (input-side on one block, or the gauge of Q and K)."""
     d, dim = probe.head_dim, probe.dim
     out: dict[str, NullGroup] = {}
     if w0.shape[1]:
@@ -298,14 +293,14 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     if not groups:
         return ScopeNull(like.new_zeros(size, 0), True), []
     supports = [g.directions.abs().amax(1) > 0 for g in groups]
-    structure = _structure(groups)
+    closed = _closed_forms(groups)
     parts, added = [], [0] * len(groups)
     for members in _row_components(supports):
         rows = torch.stack([supports[i] for i in members]).any(0)
         order = sorted(members, key=lambda i: groups[i].directions.shape[1])
-        # the gauge joined last after null inputs alone (``structure``): independent in closed form
-        known = structure is not None and groups[order[-1]].unit_gauge
-        known = known and pivot_bound(structure) > 10 * SPAN_RTOL
+        # the gauge joined last after null inputs alone (``closed``): independent in closed form
+        known = closed is not None and closed[0] is not None and groups[order[-1]].unit_gauge
+        known = known and pivot_bound(*closed) > 10 * SPAN_RTOL
         sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL, known)
         for i, n in zip(order, added_sorted):
             added[i] = n
@@ -314,25 +309,28 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
         parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
     basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-    return ScopeNull(basis, split, structure=structure), added
+    gauge, null_inputs = closed if closed is not None else (None, None)
+    return ScopeNull(basis, split, gauge=gauge, null_inputs=null_inputs), added
 
 
-def _structure(groups: list[NullGroup]) -> NullStructure | None:
-    """The groups outside V in closed form (``NullStructure``), or None when one of them has none."""
+def _closed_forms(
+    groups: list[NullGroup],
+) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict[str, torch.Tensor]] | None:
+    """The groups outside V in closed form (``ScopeNull.gauge`` and ``.null_inputs``), or None when
+    one of them has none."""
     inputs: dict[str, list[torch.Tensor]] = {}
-    out = NullStructure()
+    gauge = None
     for g in groups:
         if g.blocks == {"v"}:
             continue
-        if g.gauge is not None and out.gauge is None:
-            out.gauge = g.gauge
+        if g.gauge is not None and gauge is None:
+            gauge = g.gauge
         elif g.input_side is not None:
             inputs.setdefault(next(iter(g.blocks)), []).append(g.input_side)
         else:
             return None
-    for b, ws in inputs.items():  # their union (a key shift holds the input's null directions)
-        out.inputs[b] = row_space(torch.cat(ws, 1).T)[0]
-    return out
+    # their union per block (a key shift holds the input's null directions)
+    return gauge, {b: row_space(torch.cat(ws, 1).T)[0] for b, ws in inputs.items()}
 
 
 @dataclass
