@@ -85,7 +85,7 @@ class GaugeComplement:
 
     def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
         d, k = self.d, v.shape[1]
-        n_perp = sum(d * p.shape[1] for p in self.perp)
+        n_perp = self.n - d * d
         par = self.columns(v[n_perp:])
         out, col = [], 0
         for i, (perp, rows) in enumerate(zip(self.perp, self.rows)):

@@ -293,14 +293,14 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
     if not groups:
         return ScopeNull(like.new_zeros(size, 0), True), []
     supports = [g.directions.abs().amax(1) > 0 for g in groups]
-    closed = _closed_forms(groups)
+    gauge, null_inputs = _closed_forms(groups)
     parts, added = [], [0] * len(groups)
     for members in _row_components(supports):
         rows = torch.stack([supports[i] for i in members]).any(0)
         order = sorted(members, key=lambda i: groups[i].directions.shape[1])
-        # the gauge joined last after null inputs alone (``closed``): independent in closed form
-        known = closed is not None and closed[0] is not None and groups[order[-1]].unit_gauge
-        known = known and pivot_bound(*closed) > 10 * SPAN_RTOL
+        # the gauge joined last after null inputs alone (``_closed_forms``): independent in closed form
+        known = gauge is not None and groups[order[-1]].unit_gauge
+        known = known and pivot_bound(gauge, null_inputs) > 10 * SPAN_RTOL
         sub, added_sorted = span_union([groups[i].directions[rows] for i in order], SPAN_RTOL, known)
         for i, n in zip(order, added_sorted):
             added[i] = n
@@ -309,15 +309,14 @@ def _scope_null(groups: list[NullGroup], size: int, like: torch.Tensor) -> tuple
         parts.append(part)
     split = all(g.blocks == {"v"} or "v" not in g.blocks for g in groups)
     basis = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-    gauge, null_inputs = closed if closed is not None else (None, None)
     return ScopeNull(basis, split, gauge=gauge, null_inputs=null_inputs), added
 
 
 def _closed_forms(
     groups: list[NullGroup],
-) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict[str, torch.Tensor]] | None:
-    """The groups outside V in closed form (``ScopeNull.gauge`` and ``.null_inputs``), or None when
-    one of them has none."""
+) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict[str, torch.Tensor] | None]:
+    """The groups outside V in closed form (``ScopeNull.gauge`` and ``.null_inputs``), or
+    (None, None) when one of them has none."""
     inputs: dict[str, list[torch.Tensor]] = {}
     gauge = None
     for g in groups:
@@ -328,7 +327,7 @@ def _closed_forms(
         elif g.input_side is not None:
             inputs.setdefault(next(iter(g.blocks)), []).append(g.input_side)
         else:
-            return None
+            return None, None
     # their union per block (a key shift holds the input's null directions)
     return gauge, {b: row_space(torch.cat(ws, 1).T)[0] for b, ws in inputs.items()}
 
