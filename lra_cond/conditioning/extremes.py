@@ -38,14 +38,6 @@ from lra_cond.linalg import gram, normal_draws, orthonormal_basis, spectrum_cut,
 Operator = Callable[[torch.Tensor], torch.Tensor]  # (n, p) -> (n, p)
 
 
-@dataclass
-class TopEigenpair:
-    value: float
-    vector: torch.Tensor  # (n,), unit norm
-    applications: int  # operator applications (each to one block)
-    converged: bool
-
-
 def top_eigenpair(
     op: Operator,
     n: int,
@@ -57,9 +49,11 @@ def top_eigenpair(
     max_applications: int = 100,
     seed: int = 0,
     start: torch.Tensor | None = None,
-) -> TopEigenpair:
-    """Largest eigenvalue of ``project . op . project`` and its eigenvector. ``start`` (n, s): directions
-    the first block holds next to ``block`` random ones."""
+) -> tuple[float, torch.Tensor, int, bool]:
+    """(value, vector, applications, converged): the largest eigenvalue of ``project . op . project``,
+    its unit eigenvector, the operator applications it took (each to one block) and whether the
+    residual bound met ``tol``. ``start`` (n, s): directions the first block holds next to ``block``
+    random ones."""
     gen = torch.Generator().manual_seed(seed)
     block = max(1, min(block, n))
     first = normal_draws(gen, n, block, dtype=dtype, device=device)
@@ -74,7 +68,6 @@ def top_eigenpair(
     h = torch.zeros(cap, cap, dtype=dtype, device=device)
     q[:, : first.shape[1]] = first
     lo, hi = 0, first.shape[1]  # the newest block: columns lo:hi
-    result = None
     for k in range(max_applications):
         aq[:, lo:hi] = project(op(q[:, lo:hi]))
         qk, aqk = q[:, :hi], aq[:, :hi]
@@ -88,25 +81,22 @@ def top_eigenpair(
         residual = float(residuals[:, -1].norm())
         gap = value - float(theta[-2]) if theta.numel() > 1 else 0.0
         bound = residual if residual >= gap else min(residual, residual**2 / gap)
-        vector = vectors[:, -1]
-        result = TopEigenpair(value, vector / vector.norm(), k + 1, bound <= tol * abs(value) or hi >= n)
-        if result.converged:
-            return result
+        vector = vectors[:, -1] / vectors[:, -1].norm()
+        if bound <= tol * abs(value) or hi >= n:
+            return value, vector, k + 1, True
         w = residuals
         for _ in range(2):  # "twice is enough" (Kahan/Parlett) for full reorthogonalisation
             w = w - qk @ (qk.T @ w)
         qw, rw = torch.linalg.qr(project(w))
         keep = rw.diagonal().abs() > 1e-12 * max(abs(value), 1e-300)
         if not bool(keep.any()):  # the space is invariant: the Ritz pair is exact
-            result.converged = True
-            return result
+            return value, vector, k + 1, True
         new = qw[:, keep][:, : cap - hi]
         if not new.shape[1]:
-            return result
+            break
         lo, hi = hi, hi + new.shape[1]
         q[:, lo:hi] = new
-    assert result is not None
-    return result
+    return value, vector, k + 1, False
 
 
 EPS = torch.finfo(torch.float64).eps
@@ -311,13 +301,15 @@ def _triangular(
 def _factor_extremes(factor: _Factor) -> tuple[float, float, torch.Tensor, torch.Tensor, bool]:
     """(sigma_max, sigma_min, the sigma_min vector, the sigma_max vector, converged) of the factor."""
     dtype, device = factor.r.dtype, factor.r.device
-    top = top_eigenpair(
+    top, top_vector, _, top_converged = top_eigenpair(
         factor.gram_apply, factor.n, factor.project, dtype, device, start=factor.value_cluster()
     )
-    inv = top_eigenpair(factor.inverse_gram, factor.n, factor.project, dtype, device)
-    sigma_max = math.sqrt(max(top.value, 0.0))
-    sigma_min = 1.0 / math.sqrt(inv.value) if inv.value > 0 and math.isfinite(inv.value) else 0.0
-    return sigma_max, sigma_min, inv.vector, top.vector, top.converged and inv.converged
+    inv, inv_vector, _, inv_converged = top_eigenpair(
+        factor.inverse_gram, factor.n, factor.project, dtype, device
+    )
+    sigma_max = math.sqrt(max(top, 0.0))
+    sigma_min = 1.0 / math.sqrt(inv) if inv > 0 and math.isfinite(inv) else 0.0
+    return sigma_max, sigma_min, inv_vector, top_vector, top_converged and inv_converged
 
 
 def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Tensor) -> tuple[float, float]:
