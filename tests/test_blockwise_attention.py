@@ -47,15 +47,23 @@ def qkv(b=2, h=2, n=37, d=8, dtype=torch.float64, seed=0):  # noqa: ANN001, ANN2
     return [torch.randn(b, h, n, d, generator=g, dtype=dtype, requires_grad=True) for _ in range(3)]
 
 
+@pytest.mark.parametrize("padded_queries", [False, True])  # self-attention: padded query rows skipped
 @pytest.mark.parametrize("saved", [SAVED_SCORES, 0])  # probabilities kept for the backward, or recomputed
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_forward_and_gradients_match_formula(p, saved):
+def test_forward_and_gradients_match_formula(p, saved, padded_queries):
     q, k, v = qkv()
-    lengths, rows = [37, 20], 8  # several blocks, one of them partial; padding in sample 1
-    out = blockwise_attention(q, k, v, lengths, dropout_p=p, seed=123, rows=rows, saved=saved)
+    # several blocks, one of them partial; padding in sample 1 that ends inside a block (its rows
+    # 16:24) and covers whole blocks after it
+    lengths, rows = [37, 20], 8
+    out = blockwise_attention(
+        q, k, v, lengths, dropout_p=p, seed=123, rows=rows, saved=saved, padded_queries=padded_queries
+    )
     assert (out.grad_fn.blocks is not None) == (saved > 0)
     keep = full_keep(123, (2, 2, 37, 37), lengths, p, rows) if p else None
     ref = formula(q, k, v, lengths, keep, p)
+    if padded_queries:  # the real rows as the formula's (the same masks), the padded ones zero
+        ref = ref * (torch.arange(37)[None, :] < torch.tensor(lengths)[:, None])[:, None, :, None]
+        assert out[1, :, 20:].abs().max() == 0
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), grad)
@@ -101,8 +109,8 @@ def test_nothing_quadratic_is_saved_for_backward_beyond_the_budget():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         kept = blockwise_attention(q, k, v, [n], dropout_p=0.1, rows=32)
     # Within its budget the kernel keeps every block's probabilities and mask (h x n x n scores) ...
-    assert sum(probs.numel() for probs, _ in kept.grad_fn.blocks) == b * h * n * n
-    assert all(keep.dtype == torch.bool for _, keep in kept.grad_fn.blocks)
+    assert sum(probs.numel() for probs, _ in kept.grad_fn.blocks.values()) == b * h * n * n
+    assert all(keep.dtype == torch.bool for _, keep in kept.grad_fn.blocks.values())
     sizes.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = blockwise_attention(q, k, v, [n], dropout_p=0.1, rows=32, saved=b * h * n * n - 1)
@@ -130,7 +138,10 @@ def test_softmax_layer_training_path_is_the_formula_with_its_masks():
     rows = max(1, SCORE_BUDGET // (2 * 40))  # attend's per-sample block size
     keep = full_keep(seed, (2, 2, 40, 40), lengths, 0.2, rows)
     want = formula(q, k, v, lengths, keep, 0.2).transpose(1, 2).reshape(2, 40, 16)
-    torch.testing.assert_close(out, want, atol=1e-12, rtol=1e-12)
+    # self-attention: the real rows are the formula's, the padded query rows are skipped (zero)
+    torch.testing.assert_close(out[0], want[0], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(out[1, :25], want[1, :25], atol=1e-12, rtol=1e-12)
+    assert out[1, 25:].abs().max() == 0
 
 
 def test_prefix_lengths():

@@ -9,6 +9,11 @@ for the backward; above it the backward recomputes a block's probabilities and r
 dropout mask from a per-block seed, as GPU flash attention does, so nothing N x N is kept between
 forward and backward.
 
+In self-attention (``padded_queries``) a sample's padded query rows are skipped too: no real token
+reads them (keys and values stop at the real length), so their rows stay zero and receive no
+gradient, and the rows a block keeps are its real ones. Their dropout draws are still made, so every
+real row keeps the mask it has with the rows computed.
+
 Result: ``dropout(softmax(Q K^T / sqrt(d), padded keys excluded)) V`` with inverted dropout, its
 masks drawn as the encoder's dropout draws them (``dropout.keep_mask``: 16-bit draws, rate ``p``
 rounded to a multiple of 2**-16, unbiased). ``block_keep`` regenerates the masks so tests can check
@@ -65,29 +70,33 @@ class _BlockwiseAttention(torch.autograd.Function):
     recomputing them: the same numbers, for 5 bytes a score of memory."""
 
     @staticmethod
-    def forward(ctx, q, k, v, lengths, p, seed, rows, scale, saved):  # noqa: ANN001, ANN205
+    def forward(ctx, q, k, v, lengths, p, seed, rows, scale, saved, padded_queries):  # noqa: ANN001, ANN205
         keep_scale = 1.0 / (1.0 - quantized_rate(p))
         qs = (q * scale).contiguous()  # fold the score scale into q (N x d) instead of the scores
         k = k.contiguous()
         vs = (v * keep_scale).contiguous() if p > 0 else v.contiguous()  # fold 1/(1-p) into v
         out = torch.zeros_like(qs)
         spans = _spans(q.shape[-2], rows)
-        blocks: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None
+        blocks: dict[int, tuple[torch.Tensor, torch.Tensor | None]] | None = None  # by block index
         if q.shape[1] * q.shape[-2] * sum(lengths) <= saved:
-            blocks = []
+            blocks = {}
         for b, n_real in enumerate(lengths):
             kt, vb = k[b, :, :n_real].transpose(-1, -2), vs[b, :, :n_real]
             for i, (s, e) in enumerate(spans):
-                probs = torch.softmax(torch.matmul(qs[b, :, s:e], kt), dim=-1)
-                keep = block_keep(seed, b * len(spans) + i, probs.shape, p, probs.dtype) if p > 0 else None
+                real = _real_rows(s, e, n_real, padded_queries)
+                if real == 0:
+                    break
+                probs = torch.softmax(torch.matmul(qs[b, :, s : s + real], kt), dim=-1)
+                keep = _keep(seed, b * len(spans) + i, e - s, real, probs, p)
                 if blocks is not None:
-                    blocks.append((probs, None if keep is None else keep.bool()))
+                    blocks[b * len(spans) + i] = (probs, None if keep is None else keep.bool())
                     kept = probs if keep is None else probs * keep
                 else:
                     kept = probs if keep is None else probs.mul_(keep)
-                out[b, :, s:e] = torch.matmul(kept, vb)
+                out[b, :, s : s + real] = torch.matmul(kept, vb)
         ctx.save_for_backward(qs, k, vs, out)
         ctx.lengths, ctx.p, ctx.seed, ctx.rows = lengths, p, seed, rows
+        ctx.padded_queries = padded_queries
         ctx.scale, ctx.keep_scale, ctx.blocks = scale, keep_scale, blocks
         return out
 
@@ -111,30 +120,42 @@ class _BlockwiseAttention(torch.autograd.Function):
             dkt = qs.new_zeros(qs.shape[1], qs.shape[-1], n_real)
             dvt = vs.new_zeros(vs.shape[1], vs.shape[-1], n_real)
             for i, (s, e) in enumerate(spans):
-                qb, gb = qs[b, :, s:e], grad_out[b, :, s:e]
+                real = _real_rows(s, e, n_real, ctx.padded_queries)
+                if real == 0:
+                    break
+                qb, gb = qs[b, :, s : s + real], grad_out[b, :, s : s + real]
                 if blocks is not None:
                     probs, keep = blocks[b * len(spans) + i]
                 else:
                     probs = torch.softmax(torch.matmul(qb, kt), dim=-1)
-                    keep = (
-                        block_keep(ctx.seed, b * len(spans) + i, probs.shape, p, probs.dtype)
-                        if p > 0
-                        else None
-                    )
+                    keep = _keep(ctx.seed, b * len(spans) + i, e - s, real, probs, p)
                 dkept = torch.matmul(gb, vt)  # gradient w.r.t. the kept (dropped-out) probabilities
                 if keep is not None:
                     dvt.baddbmm_(gb.transpose(-1, -2), probs * keep)
                     dkept.mul_(keep)
                 else:
                     dvt.baddbmm_(gb.transpose(-1, -2), probs)
-                dscores = dkept.sub_(delta[b, :, s:e]).mul_(probs)
-                dqs[b, :, s:e] = torch.matmul(dscores, kb)
+                dscores = dkept.sub_(delta[b, :, s : s + real]).mul_(probs)
+                dqs[b, :, s : s + real] = torch.matmul(dscores, kb)
                 dkt.baddbmm_(qb.transpose(-1, -2), dscores)
             dk[b, :, :n_real] = dkt.transpose(-1, -2)
             dvs[b, :, :n_real] = dvt.transpose(-1, -2)
         dq = dqs.mul_(ctx.scale)
         dv = dvs.mul_(ctx.keep_scale) if p > 0 else dvs
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _real_rows(start: int, end: int, n_real: int, padded_queries: bool) -> int:
+    """How many of a block's query rows (start:end) are computed: all, or with ``padded_queries``
+    those before the sample's real length (0: the block and every later one are padding)."""
+    return max(0, min(end, n_real) - start) if padded_queries else end - start
+
+
+def _keep(seed: int, index: int, rows: int, real: int, probs: torch.Tensor, p: float) -> torch.Tensor | None:
+    """Block ``index``'s keep-mask (``rows`` query rows) for its first ``real`` rows, None without dropout."""
+    if p == 0:
+        return None
+    return block_keep(seed, index, (probs.shape[0], rows, probs.shape[-1]), p, probs.dtype)[:, :real]
 
 
 def blockwise_attention(
@@ -147,12 +168,14 @@ def blockwise_attention(
     rows: int | None = None,
     scale: float | None = None,
     saved: int = SAVED_SCORES,
+    padded_queries: bool = False,
 ) -> torch.Tensor:
     """``dropout(softmax(q k^T * scale)) v`` for q, k, v of shape (B, H, N, d), on CPU.
 
     ``lengths[b]``: sample b's keys at positions >= lengths[b] are padding (excluded); default all
-    real. The dropout seed is drawn from torch's global generator unless given, so runs are
-    reproducible under ``torch.manual_seed``. ``scale`` defaults to 1/sqrt(d).
+    real. ``padded_queries``: its queries there are padding too (self-attention): their rows are
+    not computed and come back zero. The dropout seed is drawn from torch's global generator unless
+    given, so runs are reproducible under ``torch.manual_seed``. ``scale`` defaults to 1/sqrt(d).
     """
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
@@ -169,7 +192,9 @@ def blockwise_attention(
         dtype = torch.get_autocast_dtype(device)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     with torch.autocast(device, enabled=False):
-        return _BlockwiseAttention.apply(q, k, v, lengths, float(dropout_p), seed, rows, scale, saved)
+        return _BlockwiseAttention.apply(
+            q, k, v, lengths, float(dropout_p), seed, rows, scale, saved, padded_queries
+        )
 
 
 def prefix_lengths(key_padding_mask: torch.Tensor) -> list[int] | None:

@@ -61,7 +61,7 @@ class NormalizedAttention(Attention, name="normalized"):
 
     def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         q, k, v = self.normalized(q, k, v)
-        return attend(q, k, v, key_padding_mask, dropout_p=self.attn_dropout, scale=1.0)
+        return attend(q, k, v, key_padding_mask, dropout_p=self.attn_dropout, scale=1.0, self_attention=True)
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         q, k, v = self.normalized(q, k, v)

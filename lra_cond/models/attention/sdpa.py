@@ -34,17 +34,22 @@ def attend(
     dropout_p: float = 0.0,
     scale: float | None = None,
     budget: int = SCORE_BUDGET,
+    self_attention: bool = False,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v per head, keys masked where ``key_padding_mask`` (batch, keys) is True.
 
     q: (batch, heads, queries, d); k, v: (batch, heads, keys, d). ``scale`` defaults to 1/sqrt(d).
+    ``self_attention``: the queries are the keys' positions, so the mask pads them too and no real
+    token reads their rows; the blockwise kernel then skips them (their rows are zero there).
     """
     b, h, n, _ = q.shape
     if dropout_p > 0.0 and q.device.type == "cpu":
         lengths = None if key_padding_mask is None else prefix_lengths(key_padding_mask)
         if key_padding_mask is None or lengths is not None:
             rows = max(1, budget // (h * k.shape[-2]))  # per-sample blocks of at most `budget` scores
-            return blockwise_attention(q, k, v, lengths, dropout_p=dropout_p, rows=rows, scale=scale)
+            return blockwise_attention(
+                q, k, v, lengths, dropout_p=dropout_p, rows=rows, scale=scale, padded_queries=self_attention
+            )
     mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
     rows = max(1, budget // (b * h * k.shape[-2]))
     if dropout_p == 0.0 or q.device.type != "cpu" or rows >= n:

@@ -19,7 +19,7 @@ class SoftmaxAttention(Attention, name="softmax"):
     """
 
     def kernel(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
-        return attend(q, k, v, key_padding_mask, dropout_p=self.attn_dropout)
+        return attend(q, k, v, key_padding_mask, dropout_p=self.attn_dropout, self_attention=True)
 
     def kernel_explicit(self, q, k, v, key_padding_mask):  # noqa: ANN001, ANN201
         probs = masked_softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), key_padding_mask)
