@@ -129,13 +129,12 @@ class _BlockwiseAttention(torch.autograd.Function):
                 else:
                     probs = torch.softmax(torch.matmul(qb, kt), dim=-1)
                     keep = _keep(ctx.seed, b * len(spans) + i, e - s, real, probs, p)
-                dkept = torch.matmul(gb, vt)  # gradient w.r.t. the kept (dropped-out) probabilities
-                if keep is not None:
-                    dvt.baddbmm_(gb.transpose(-1, -2), probs * keep)
-                    dkept.mul_(keep)
-                else:
-                    dvt.baddbmm_(gb.transpose(-1, -2), probs)
-                dscores = dkept.sub_(delta[b, :, s : s + real]).mul_(probs)
+                kept = probs if keep is None else probs * keep  # the dropped-out probabilities
+                dvt.baddbmm_(gb.transpose(-1, -2), kept)
+                # dS = P (M dO V^T - delta) = kept dO V^T - P delta: the mask enters once, through kept
+                dscores = (
+                    torch.matmul(gb, vt).mul_(kept).addcmul_(probs, delta[b, :, s : s + real], value=-1.0)
+                )
                 dqs[b, :, s : s + real] = torch.matmul(dscores, kb)
                 dkt.baddbmm_(qb.transpose(-1, -2), dscores)
             dk[b, :, :n_real] = dkt.transpose(-1, -2)
