@@ -11,8 +11,9 @@ forward and backward.
 
 In self-attention (``padded_queries``) a sample's padded query rows are skipped too: no real token
 reads them (keys and values stop at the real length), so their rows stay zero and receive no
-gradient, and the rows a block keeps are its real ones. Their dropout draws are still made, so every
-real row keeps the mask it has with the rows computed.
+gradient. A block that holds real rows still draws its mask for all of its rows, and each block
+draws from its own seeded generator, so every real row keeps the mask it has with the padded rows
+computed.
 
 Result: ``dropout(softmax(Q K^T / sqrt(d), padded keys excluded)) V`` with inverted dropout, its
 masks drawn as the encoder's dropout draws them (``dropout.keep_mask``: 16-bit draws, rate ``p``
