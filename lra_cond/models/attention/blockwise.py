@@ -23,6 +23,8 @@ the kernel against the formula exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -83,14 +85,11 @@ class _BlockwiseAttention(torch.autograd.Function):
             blocks = {}
         for b, n_real in enumerate(lengths):
             kt, vb = k[b, :, :n_real].transpose(-1, -2), vs[b, :, :n_real]
-            for i, (s, e) in enumerate(spans):
-                real = _real_rows(s, e, n_real, padded_queries)
-                if real == 0:
-                    break
+            for index, s, e, real in _row_blocks(b, spans, n_real, padded_queries):
                 probs = torch.softmax(torch.matmul(qs[b, :, s : s + real], kt), dim=-1)
-                keep = _keep(seed, b * len(spans) + i, e - s, real, probs, p)
+                keep = _keep(seed, index, e - s, real, probs, p)
                 if blocks is not None:
-                    blocks[b * len(spans) + i] = (probs, None if keep is None else keep.bool())
+                    blocks[index] = (probs, None if keep is None else keep.bool())
                     kept = probs if keep is None else probs * keep
                 else:
                     kept = probs if keep is None else probs.mul_(keep)
@@ -120,16 +119,13 @@ class _BlockwiseAttention(torch.autograd.Function):
             # Key-side gradients accumulate transposed, (heads, d, keys): a faster matmul layout.
             dkt = qs.new_zeros(qs.shape[1], qs.shape[-1], n_real)
             dvt = vs.new_zeros(vs.shape[1], vs.shape[-1], n_real)
-            for i, (s, e) in enumerate(spans):
-                real = _real_rows(s, e, n_real, ctx.padded_queries)
-                if real == 0:
-                    break
+            for index, s, e, real in _row_blocks(b, spans, n_real, ctx.padded_queries):
                 qb, gb = qs[b, :, s : s + real], grad_out[b, :, s : s + real]
                 if blocks is not None:
-                    probs, keep = blocks[b * len(spans) + i]
+                    probs, keep = blocks[index]
                 else:
                     probs = torch.softmax(torch.matmul(qb, kt), dim=-1)
-                    keep = _keep(ctx.seed, b * len(spans) + i, e - s, real, probs, p)
+                    keep = _keep(ctx.seed, index, e - s, real, probs, p)
                 kept = probs if keep is None else probs * keep  # the dropped-out probabilities
                 dvt.baddbmm_(gb.transpose(-1, -2), kept)
                 # dS = P (M dO V^T - delta) = kept dO V^T - P delta: the mask enters once, through kept
@@ -145,10 +141,17 @@ class _BlockwiseAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _real_rows(start: int, end: int, n_real: int, padded_queries: bool) -> int:
-    """How many of a block's query rows (start:end) are computed: all, or with ``padded_queries``
-    those before the sample's real length (0: the block and every later one are padding)."""
-    return max(0, min(end, n_real) - start) if padded_queries else end - start
+def _row_blocks(
+    b: int, spans: list[tuple[int, int]], n_real: int, padded_queries: bool
+) -> Iterator[tuple[int, int, int, int]]:
+    """Sample b's blocks of query rows that are computed, as (block index, start, end, rows
+    computed): every block whole, or with ``padded_queries`` those holding real rows, cut at the
+    sample's real length."""
+    for i, (start, end) in enumerate(spans):
+        real = min(end, n_real) - start if padded_queries else end - start
+        if real <= 0:
+            return
+        yield b * len(spans) + i, start, end, real
 
 
 def _keep(seed: int, index: int, rows: int, real: int, probs: torch.Tensor, p: float) -> torch.Tensor | None:
