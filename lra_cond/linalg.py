@@ -4,6 +4,7 @@ families' symmetry generators and the condition-number probe)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -226,3 +227,70 @@ def matrix_condition(m: torch.Tensor) -> float:
     """sigma_max / sigma_min over the min(rows, cols) singular values (inf if rank-deficient)."""
     s = svdvals(m.detach().to(torch.float64))
     return float(s[0] / s[-1]) if s[-1] > 0 else float("inf")
+
+
+class Operator:
+    """A linear operator known by its products, read like a matrix: ``A @ v``, ``A.T @ y``,
+    ``a @ A`` and, where A is invertible, ``A.solve(v)`` (A^{-1} v), ``A.T.solve(y)`` and
+    ``A.solve(a, left=False)`` (a A^{-1}), as ``torch.linalg.solve``. A subclass defines
+    ``__matmul__`` and ``matmul_t`` (A^T y), as scipy's ``LinearOperator`` defines ``matvec`` and
+    ``rmatvec``; ``__rmatmul__``, ``solve`` and ``solve_t`` where it has them."""
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def matmul_t(self, y: torch.Tensor) -> torch.Tensor:  # A^T y
+        raise NotImplementedError(f"{type(self).__name__} has no transposed product")
+
+    def solve(self, v: torch.Tensor, left: bool = True) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no inverse")
+
+    def solve_t(self, y: torch.Tensor) -> torch.Tensor:  # A^{-T} y
+        raise NotImplementedError(f"{type(self).__name__} has no inverse")
+
+    @property
+    def T(self) -> Operator:  # noqa: N802 (reads like a tensor's)
+        return Transposed(self)
+
+
+class Transposed(Operator):
+    """A^T of an ``Operator`` A: its products are A's transposed ones."""
+
+    def __init__(self, a: Operator) -> None:
+        self.a = a
+
+    def __matmul__(self, y: torch.Tensor) -> torch.Tensor:
+        return self.a.matmul_t(y)
+
+    def matmul_t(self, v: torch.Tensor) -> torch.Tensor:
+        return self.a @ v
+
+    def solve(self, y: torch.Tensor, left: bool = True) -> torch.Tensor:
+        if not left:
+            raise NotImplementedError("a A^{-T}: solve with A and transpose instead")
+        return self.a.solve_t(y)
+
+    def solve_t(self, v: torch.Tensor) -> torch.Tensor:
+        return self.a.solve(v)
+
+    @property
+    def T(self) -> Operator:  # noqa: N802
+        return self.a
+
+
+class ProductOperator(Operator):
+    """An ``Operator`` given by its two products as functions: ``matmul`` (A v) and ``matmul_t``
+    (A^T y)."""
+
+    def __init__(
+        self,
+        matmul: Callable[[torch.Tensor], torch.Tensor],
+        matmul_t: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        self._matmul, self._matmul_t = matmul, matmul_t
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        return self._matmul(v)
+
+    def matmul_t(self, y: torch.Tensor) -> torch.Tensor:
+        return self._matmul_t(y)

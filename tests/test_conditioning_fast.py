@@ -261,7 +261,7 @@ def test_kept_scope_from_factors_equals_the_dense_rows(
         y = torch.randn(formed.shape[0], 3, dtype=formed.dtype)
         torch.testing.assert_close(rows[0] @ v, formed @ v, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(rows[0].T @ y, formed.T @ y, rtol=1e-12, atol=1e-12)
-        pre = t.right(formed)
+        pre = formed @ t
         torch.testing.assert_close(g, pre.T @ pre, rtol=1e-10, atol=1e-10 * float(g.abs().max()))
         return rows, t, g
 
@@ -404,10 +404,10 @@ def test_a_factored_head_applies_its_exact_rows_as_one_operator(
         u = torch.randn(dense.shape[1], 3, generator=gen, dtype=torch.float64)
         y = torch.randn(dense.shape[0], 3, generator=gen, dtype=torch.float64)
         full = basis @ u
-        torch.testing.assert_close(f.exact_apply(full), apart.exact_apply(full), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(f.exact_apply(full), dense @ u, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(f.exact_apply_t(y), apart.exact_apply_t(y), rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(basis.T @ f.exact_apply_t(y), dense.T @ y, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(f.exact @ full, apart.exact @ full, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.exact @ full, dense @ u, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(f.exact.T @ y, apart.exact.T @ y, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(basis.T @ (f.exact.T @ y), dense.T @ y, rtol=1e-10, atol=1e-10)
 
 
 def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
@@ -430,6 +430,28 @@ def test_the_refinement_may_move_by_the_factor_s_measured_error() -> None:
     refined = extremes._refined_sigma_min(factor, start, high, error=1.5e-3)
     assert refined == pytest.approx(float(s[-1]), rel=1e-10)
     assert extremes._refined_sigma_min(factor, start, float(s[-1]) * (1 + 5e-4)) == pytest.approx(refined)
+
+
+def test_the_factor_is_r_as_an_operator() -> None:
+    """A factor with a value part, R = [[diag(rv), C], [0, R' T^{-1}]]: R @ u, R.T @ w, R.solve,
+    R.T.solve and the inverse Gram against R formed."""
+    gen = torch.Generator().manual_seed(8)
+    eye = torch.eye(5, dtype=torch.float64)
+    rv = torch.rand(3, generator=gen, dtype=torch.float64) + 0.5
+    c = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    r = torch.triu(torch.randn(5, 5, generator=gen, dtype=torch.float64)) + 5 * eye
+    r_t = torch.triu(torch.randn(5, 5, generator=gen, dtype=torch.float64)) + 5 * eye
+    t = Preconditioner()
+    t.add_dense(r_t)  # T = r_t^{-1}
+    factor = extremes._Factor(rv, c, r, t, [r])
+    formed = torch.zeros(8, 8, dtype=torch.float64)
+    formed[:3, :3], formed[:3, 3:], formed[3:, 3:] = torch.diag(rv), c, r @ r_t
+    u = torch.randn(8, 2, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(factor @ u, formed @ u)
+    torch.testing.assert_close(factor.T @ u, formed.T @ u)
+    torch.testing.assert_close(factor.solve(u), torch.linalg.solve(formed, u))
+    torch.testing.assert_close(factor.T.solve(u), torch.linalg.solve(formed.T, u))
+    torch.testing.assert_close(factor.inverse_gram(u), torch.linalg.solve(formed.T @ formed, u))
 
 
 @pytest.mark.parametrize(
@@ -466,7 +488,7 @@ def test_a_factored_head_gram_equals_its_formed_rows_gram(
     for rows, t, g in given:
         # in the head's own coordinates (A^T A = T^-T G T^-1): the preconditioner's whitening of a
         # nearly null complement amplifies either side's rounding alike
-        raw = t.right(t.right(g, inverse=True).T, inverse=True)
+        raw = t.solve(t.solve(g, left=False).T, left=False)
         formed = sum(linalg.gram(r.dense()) for r in rows)
         torch.testing.assert_close(raw, formed, rtol=0, atol=1e-12 * float(formed.abs().max()))
 
@@ -545,12 +567,13 @@ def test_preconditioner_pieces_are_consistent() -> None:
     dense = torch.block_diag(torch.kron(lb, w), torch.linalg.inv(r), torch.diag(1 / s))
     v = torch.randn(20, 2, generator=gen, dtype=torch.float64)
     a = torch.randn(6, 20, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(t.apply(v), dense @ v)
-    torch.testing.assert_close(t.apply_t(v), dense.T @ v)
+    torch.testing.assert_close(t @ v, dense @ v)
+    torch.testing.assert_close(t.T @ v, dense.T @ v)
     torch.testing.assert_close(t.solve(v), torch.linalg.solve(dense, v))
-    torch.testing.assert_close(t.solve_t(v), torch.linalg.solve(dense.T, v))
-    torch.testing.assert_close(t.right(a), a @ dense)
-    torch.testing.assert_close(t.right(a, inverse=True), a @ torch.linalg.inv(dense))
+    torch.testing.assert_close(t.T.solve(v), torch.linalg.solve(dense.T, v))
+    torch.testing.assert_close(t.T.T @ v, dense @ v)
+    torch.testing.assert_close(a @ t, a @ dense)
+    torch.testing.assert_close(t.solve(a, left=False), a @ torch.linalg.inv(dense))
 
 
 def test_gram_is_a_transpose_a() -> None:
@@ -1148,8 +1171,8 @@ def test_factored_products_equal_the_dense_block() -> None:
     lb, w = randn(d, d), randn(p, p)
     for f, j in zip(blocks, dense):
         torch.testing.assert_close(f.dense().reshape(t * d, -1), j, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(f.apply(v), j @ v, rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(f.apply_t(y), j.T @ y, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f @ v, j @ v, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(f.T @ y, j.T @ y, rtol=1e-12, atol=1e-12)
         want = (u.T @ j.reshape(t, -1)).reshape(3 * d, d * p)
         torch.testing.assert_close(coordinates.rows_rotated(f, u), want, rtol=1e-12, atol=1e-12)
         for g, k in zip(blocks, dense):

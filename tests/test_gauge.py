@@ -55,9 +55,9 @@ def test_the_closed_form_is_an_orthonormal_basis_of_the_null_space_s_complement(
         formed.append((on_perp + on_rows).reshape(-1, 4))
         col += wp
     formed = torch.cat(formed)
-    torch.testing.assert_close(closed.apply(u), formed, rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(closed.apply_t(formed), u, rtol=1e-12, atol=1e-12)
-    b = closed.apply(torch.eye(closed.n, dtype=torch.float64))  # the basis in the blocks' layout
+    torch.testing.assert_close(closed @ u, formed, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(closed.T @ formed, u, rtol=1e-12, atol=1e-12)
+    b = closed @ torch.eye(closed.n, dtype=torch.float64)  # the basis in the blocks' layout
     assert b.shape == (2 * d * dim, 2 * d * dim - k)
     assert torch.allclose(b.T @ b, torch.eye(b.shape[1], dtype=torch.float64), atol=1e-13)
     assert (b.T @ null).abs().max() < 1e-13 * null.abs().max()

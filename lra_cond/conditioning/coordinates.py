@@ -37,13 +37,13 @@ import torch
 
 from lra_cond.conditioning import nullspace
 from lra_cond.conditioning.families.base import Factored, Mixing, TokenMixing
-from lra_cond.linalg import RANK_RTOL, gram, kron_right, orthonormal_basis
+from lra_cond.linalg import RANK_RTOL, Operator, gram, kron_right, orthonormal_basis
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
 
 
 @dataclass
-class GaugeComplement:
+class GaugeComplement(Operator):
     """An orthonormal basis B of the complement of the gauge and the null inputs on [Q | K], in a
     Kronecker layout: per block, the input side rotated to ``perp`` (D', p_b: input directions kept
     whole) and ``rows`` (D', d: the gauge's input directions, Vh_b^T); B's columns are every block's
@@ -83,7 +83,7 @@ class GaugeComplement:
         on_k = (u_q.T @ v[d * d :].reshape(d, -1)).view(d, d, k)  # [i, j, k]
         return (on_q * self.alpha[:, :, None] + on_k * self.beta[:, :, None]).reshape(d * d, k)
 
-    def apply(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:  # B v: deflated -> full coordinates
         d, k = self.d, v.shape[1]
         n_perp = self.n - d * d
         par = self.columns(v[n_perp:])
@@ -97,7 +97,7 @@ class GaugeComplement:
             col += wp
         return torch.cat(out)
 
-    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # B^T v: full -> deflated coordinates
+    def matmul_t(self, v: torch.Tensor) -> torch.Tensor:  # B^T v: full -> deflated coordinates
         d, k = self.d, v.shape[1]
         perps, pars, start = [], [], 0
         for perp, rows in zip(self.perp, self.rows):
@@ -162,11 +162,11 @@ def gauge_complement(
     return GaugeComplement(perps, rows, (us[0], us[1]), s_k[None, :] / r, s_q[:, None] / r)
 
 
-class Preconditioner:
+class Preconditioner(Operator):
     """Block-diagonal T over a column layout: Kronecker blocks L (x) W (columns (b, c), c over
-    W's size, row-major), dense blocks
-    T = R^{-1} (R upper triangular) and diagonal ones T = diag(1/s) (a Jacobi preconditioner,
-    given as s), in column order."""
+    W's size, row-major), dense blocks T = R^{-1} (R upper triangular) and diagonal ones
+    T = diag(1/s) (a Jacobi preconditioner, given as s), in column order. ``T @ v``, ``T.T @ v``,
+    ``a @ T``, ``T.solve(v)``, ``T.T.solve(v)`` and ``T.solve(a, left=False)`` (a T^{-1})."""
 
     def __init__(self) -> None:
         self.parts: list[tuple[str, int, tuple[torch.Tensor, ...]]] = []  # (kind, size, matrices)
@@ -198,7 +198,7 @@ class Preconditioner:
         tmp = (lb @ v.reshape(d, p * k)).reshape(d, p, k).transpose(0, 1).reshape(p, d * k)
         return (w @ tmp).reshape(p, d, k).transpose(0, 1).reshape(d * p, k)
 
-    def apply(self, v: torch.Tensor) -> torch.Tensor:  # T v
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:  # T v
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0], mats[1], x)
@@ -208,7 +208,7 @@ class Preconditioner:
 
         return self._each(v, fn)
 
-    def apply_t(self, v: torch.Tensor) -> torch.Tensor:  # T^T v
+    def matmul_t(self, v: torch.Tensor) -> torch.Tensor:  # T^T v
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[0].T, mats[1].T, x)
@@ -218,7 +218,10 @@ class Preconditioner:
 
         return self._each(v, fn)
 
-    def solve(self, v: torch.Tensor) -> torch.Tensor:  # T^{-1} v
+    def solve(self, v: torch.Tensor, left: bool = True) -> torch.Tensor:  # T^{-1} v, or v T^{-1}
+        if not left:
+            return self._right(v, inverse=True)
+
         def fn(kind, mats, x):  # noqa: ANN001, ANN202
             if kind == "kron":
                 return self._kron(mats[2], mats[3], x)
@@ -234,7 +237,10 @@ class Preconditioner:
 
         return self._each(v, fn)
 
-    def right(self, a: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    def __rmatmul__(self, a: torch.Tensor) -> torch.Tensor:  # a T
+        return self._right(a, inverse=False)
+
+    def _right(self, a: torch.Tensor, inverse: bool) -> torch.Tensor:
         """a @ T for a (m, n); a @ T^{-1} with ``inverse``."""
         out, start = [], 0
         for kind, n, mats in self.parts:
@@ -342,7 +348,7 @@ def complement(reflectors: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     return torch.ormqr(reflectors, tau, eye, left=True, transpose=False)
 
 
-class DeflatedRows:
+class DeflatedRows(Operator):
     """(U^T (x) I_d) [J B | D] for J (T d, n) given by its factored column blocks, U (T, r) (None: I),
     B a ``GaugeComplement`` (None: every coordinate kept) and D optional dense columns (T d, r_D;
     only with U = None), as an operator: exact rows without forming them (``dense`` does, for a
@@ -356,14 +362,11 @@ class DeflatedRows:
         d: int,
         basis: GaugeComplement | None,
         columns: torch.Tensor | None = None,
-        transposed: bool = False,
     ) -> None:
         self.blocks, self.u, self.d, self.basis, self.columns = blocks, u, d, basis, columns
-        self.transposed = transposed
         self.n = basis.n if basis is not None else sum(d * b.right.shape[-1] for b in blocks)
         extra = 0 if columns is None else columns.shape[1]
-        shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, self.n + extra)
-        self.shape = shape[::-1] if transposed else shape
+        self.shape = (blocks[0].left.shape[0] * d if u is None else u.shape[1] * d, self.n + extra)
 
     def _rotate(self, m: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
         if u is None:
@@ -371,32 +374,26 @@ class DeflatedRows:
         return (u.T @ m.reshape(u.shape[0], -1)).reshape(u.shape[1] * self.d, -1)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        if self.transposed:
-            return self._apply_t(v)
         n = self.n
-        full = v[:n] if self.basis is None else self.basis.apply(v[:n])
+        full = v[:n] if self.basis is None else self.basis @ v[:n]
         out, size = None, full.shape[0] // len(self.blocks)
         for i, b in enumerate(self.blocks):
-            part = b.apply(full[i * size : (i + 1) * size])
+            part = b @ full[i * size : (i + 1) * size]
             out = part if out is None else out + part
         if self.columns is not None:
             out = torch.addmm(out, self.columns, v[n:])
         return self._rotate(out, self.u)
 
-    def _apply_t(self, y: torch.Tensor) -> torch.Tensor:
+    def matmul_t(self, y: torch.Tensor) -> torch.Tensor:
         back = y if self.u is None else self._rotate(y, self.u.T)  # U (x) I: back to the token rows
-        out = torch.cat([b.apply_t(back) for b in self.blocks])
-        out = out if self.basis is None else self.basis.apply_t(out)
+        out = torch.cat([b.T @ back for b in self.blocks])
+        out = out if self.basis is None else self.basis.T @ out
         return out if self.columns is None else torch.cat([out, self.columns.T @ back])
-
-    @property
-    def T(self) -> DeflatedRows:  # noqa: N802 (reads like a tensor's)
-        return DeflatedRows(self.blocks, self.u, self.d, self.basis, self.columns, not self.transposed)
 
     def dense(self) -> torch.Tensor:
         rows = self.blocks[0].left.shape[0] * self.d
         full = torch.cat([self._rotate(b.dense().reshape(rows, -1), self.u) for b in self.blocks], 1)
-        out = full if self.basis is None else self.basis.apply_t(full.T).T
+        out = full if self.basis is None else (self.basis.T @ full.T).T
         return out if self.columns is None else torch.cat([out, self.columns], 1)
 
 
@@ -436,7 +433,7 @@ def _cross_grams(pre: list[Factored], columns: torch.Tensor | None = None) -> to
     g = block_grams(pre, None, pre[0].left)
     if columns is None:
         return g
-    across = torch.cat([f.apply_t(columns) for f in pre])
+    across = torch.cat([f.T @ columns for f in pre])
     # filled in place: nested cats copied every block twice
     n = g.shape[0]
     out = g.new_empty(n + columns.shape[1], n + columns.shape[1])
@@ -598,7 +595,7 @@ def _mix_t_base(mix: Mixing, base: Factored) -> torch.Tensor:
     E = F (x) I_d that is B's rows rotated by F (T m d^2 p flops, nothing of size T d x r formed)."""
     if isinstance(mix, TokenMixing):
         return rows_rotated(base, mix.f)
-    return base.apply_t(mix.flat).T
+    return (base.T @ mix.flat).T
 
 
 def _kron_layout(m: torch.Tensor, d: int, p1: int, p2: int) -> torch.Tensor:
@@ -669,5 +666,5 @@ def rows_rotated(f: Factored, u: torch.Tensor) -> torch.Tensor:
         out = out.permute(0, 2, 1, 3).reshape(r * d, d * p)
     if f.low_rank is not None:  # ((U^T (x) I) E) Z
         mix, zc = f.low_rank
-        out = out + mix.rotated(u).apply(zc.reshape(zc.shape[0], -1))
+        out = out + mix.rotated(u) @ zc.reshape(zc.shape[0], -1)
     return out

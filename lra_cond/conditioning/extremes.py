@@ -33,15 +33,23 @@ from lra_cond.conditioning.coordinates import (
     complement,
     materialised,
 )
-from lra_cond.linalg import gram, normal_draws, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import (
+    Operator,
+    ProductOperator,
+    gram,
+    normal_draws,
+    orthonormal_basis,
+    spectrum_cut,
+    svdvals,
+)
 
-Operator = Callable[[torch.Tensor], torch.Tensor]  # (n, p) -> (n, p)
+Product = Callable[[torch.Tensor], torch.Tensor]  # (n, p) -> (n, p)
 
 
 def top_eigenpair(
-    op: Operator,
+    op: Product,
     n: int,
-    project: Operator,
+    project: Product,
     dtype: torch.dtype = torch.float64,
     device: torch.device | str = "cpu",
     block: int = 4,
@@ -124,9 +132,10 @@ class SpectrumSummary:
 
 
 @dataclass
-class _Factor:
+class _Factor(Operator):
     """R with R^T R = J^T J on one scope's deflated coordinates: R = [[diag(rv), C], [0, R' T^{-1}]]
-    (the value part optional), R'^T R' = T^T A^T A T (R' formed).
+    (the value part optional), R'^T R' = T^T A^T A T (R' formed). As an operator it is R (``@``,
+    ``.T``, ``solve``); ``exact`` is J through its exact rows.
     ``rows`` are the exact rows, for checks. With ``null`` (regularised), R^T R = J^T J + N Z N^T:
     every vector is projected off N."""
 
@@ -145,14 +154,14 @@ class _Factor:
 
     def _c_t(self, y: torch.Tensor) -> torch.Tensor:  # C^T y
         out = self.c.T @ y
-        return self.t.solve_t(out) if self.c_preconditioned else out
+        return self.t.T.solve(out) if self.c_preconditioned else out
 
     def _c(self, u: torch.Tensor) -> torch.Tensor:  # C u
         return self.c @ (self.t.solve(u) if self.c_preconditioned else u)
 
     def coupling(self) -> torch.Tensor | None:
         """C formed."""
-        return self.t.right(self.c, inverse=True) if self.c_preconditioned else self.c
+        return self.t.solve(self.c, left=False) if self.c_preconditioned else self.c
 
     def project(self, u: torch.Tensor) -> torch.Tensor:
         """u without its component along the regularised null directions (identity if none)."""
@@ -182,43 +191,55 @@ class _Factor:
         transpose and the value coupling: the products are memory-bound), else as R^T R u (a block
         alone: R is the smaller), through the factored Gram when there is one."""
         if self.joint is not None:
-            return self.exact_apply_t(self.exact_apply(u))
+            return self.exact.T @ (self.exact @ u)
         if self.gram is None:
-            return self.rt_apply(self.r_apply(u))
+            return self.T @ (self @ u)
         # R^T R u with R'^T R' = G': one pass over G' where R' and R'^T take two
         ua = u[self.n_v :]
-        low = self.t.solve_t(self.gram @ self.t.solve(ua))
+        low = self.t.T.solve(self.gram @ self.t.solve(ua))
         if self.rv is None:
             return low
         top = self.rv[:, None] * u[: self.n_v] + self._c(ua)
         return torch.cat([self.rv[:, None] * top, self._c_t(top) + low])
 
-    def r_apply(self, u: torch.Tensor) -> torch.Tensor:  # R u
+    def __matmul__(self, u: torch.Tensor) -> torch.Tensor:  # R u
         ua = u[self.n_v :]
         low = self.r @ self.t.solve(ua)
         if self.rv is None:
             return low
         return torch.cat([self.rv[:, None] * u[: self.n_v] + self._c(ua), low])
 
-    def rt_apply(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
+    def matmul_t(self, w: torch.Tensor) -> torch.Tensor:  # R^T w
         if self.rv is None:
-            return self.t.solve_t(self.r.T @ w)
+            return self.t.T.solve(self.r.T @ w)
         wv, wa = w[: self.n_v], w[self.n_v :]
-        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.solve_t(self.r.T @ wa)])
+        return torch.cat([self.rv[:, None] * wv, self._c_t(wv) + self.t.T.solve(self.r.T @ wa)])
 
-    def _r_gram_solve(self, v: torch.Tensor) -> torch.Tensor:  # (R'^T R')^{-1} v
-        low = torch.linalg.solve_triangular(self.r.T, v, upper=False)
-        return torch.linalg.solve_triangular(self.r, low, upper=True)
-
-    def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u
+    def solve(self, w: torch.Tensor, left: bool = True) -> torch.Tensor:  # R^{-1} w
+        if not left:
+            raise NotImplementedError("a R^{-1} is not needed")
+        za = self.t @ torch.linalg.solve_triangular(self.r, w[self.n_v :], upper=True)
         if self.rv is None:
-            return self.t.apply(self._r_gram_solve(self.t.apply_t(u)))
+            return za
+        return torch.cat([(w[: self.n_v] - self._c(za)) / self.rv[:, None], za])
+
+    def solve_t(self, u: torch.Tensor) -> torch.Tensor:  # R^{-T} u
+        if self.rv is None:
+            return torch.linalg.solve_triangular(self.r.T, self.t.T @ u, upper=False)
         uv, ua = u[: self.n_v], u[self.n_v :]
         wv = uv / self.rv[:, None]
-        za = self.t.apply(self._r_gram_solve(self.t.apply_t(ua - self._c_t(wv))))
-        return torch.cat([(wv - self._c(za)) / self.rv[:, None], za])
+        wa = torch.linalg.solve_triangular(self.r.T, self.t.T @ (ua - self._c_t(wv)), upper=False)
+        return torch.cat([wv, wa])
 
-    def exact_apply(self, u: torch.Tensor) -> torch.Tensor:
+    def inverse_gram(self, u: torch.Tensor) -> torch.Tensor:  # (R^T R)^{-1} u = R^{-1} R^{-T} u
+        return self.solve(self.solve_t(u))
+
+    @property
+    def exact(self) -> ProductOperator:
+        """J with the exact (unfactored) rows: [value rows; every row block] (m, n)."""
+        return ProductOperator(self._exact_apply, self._exact_apply_t)
+
+    def _exact_apply(self, u: torch.Tensor) -> torch.Tensor:
         """J u with the exact (unfactored) rows: [value rows; every row block], (m, k)."""
         ua = u[self.n_v :]
         if self.joint is not None:
@@ -230,8 +251,7 @@ class _Factor:
             low.insert(0, self.rv[:, None] * u[: self.n_v] + self._c(ua))
         return torch.cat(low)
 
-    def exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
-        """J^T y for y in ``exact_apply``'s row layout."""
+    def _exact_apply_t(self, y: torch.Tensor) -> torch.Tensor:
         if self.joint is not None:
             return torch.cat([self.rv[:, None] * y[: self.n_v], self.joint.T @ y])
         start, out = self.n_v, None
@@ -243,10 +263,6 @@ class _Factor:
             return out
         yv = y[: self.n_v]
         return torch.cat([self.rv[:, None] * yv, self._c_t(yv) + out])
-
-    def exact_norm(self, u: torch.Tensor) -> float:
-        """||J u|| with the exact rows: the check of a factor that lost precision."""
-        return float(self.exact_apply(u).norm())
 
     def dense(self) -> torch.Tensor:
         """The exact matrix whose singular values these are (for the svdvals fallback)."""
@@ -278,7 +294,7 @@ def _triangular(
     pre = None
     if not use_qr:
         if g is None:
-            pre = [t.right(materialised(r)) for r in rows]
+            pre = [materialised(r) @ t for r in rows]
             g = gram(pre[0])
             for p in pre[1:]:
                 g = g + gram(p)
@@ -289,7 +305,7 @@ def _triangular(
             return chol, "cholesky", g
         del chol  # the failed factor (the Gram's size) is not kept through the QR below
     if pre is None:
-        pre = [t.right(materialised(r)) for r in rows]
+        pre = [materialised(r) @ t for r in rows]
     if reg is not None:
         q = reg
         beta = sum(float(p.square().sum()) for p in pre) / q.shape[0]
@@ -324,7 +340,7 @@ def _check(factor: _Factor, sigma_max: float, sigma_min: float, vector: torch.Te
     attention head at kappa 2.4e9 whose Cholesky sigma_min was 1.8e-4 off passed the check)."""
     u = vector[:, None]
     w = factor.inverse_gram(u)
-    ratio = factor.exact_norm(w) ** 2 / float((u * w).sum())
+    ratio = float((factor.exact @ w).norm()) ** 2 / float((u * w).sum())
     noise = 8 * EPS * math.sqrt(vector.numel()) * sigma_max / max(sigma_min, 1e-300)
     return abs(ratio - 1.0) / 2, noise
 
@@ -367,12 +383,12 @@ def _refined_sigma_min(
     w = vector[:, None] / vector.norm()
     previous, sigma = None, None
     for _ in range(steps):
-        jw = factor.exact_apply(w)
+        jw = factor.exact @ w
         rho = float(jw.square().sum())
-        p = factor.project(factor.inverse_gram(factor.exact_apply_t(jw) - rho * w))
+        p = factor.project(factor.inverse_gram(factor.exact.T @ jw - rho * w))
         span = torch.cat([w, p] + ([previous] if previous is not None else []), 1)
         v = torch.linalg.qr(span).Q
-        _, s, vh = torch.linalg.svd(factor.exact_apply(v), full_matrices=False)
+        _, s, vh = torch.linalg.svd(factor.exact @ v, full_matrices=False)
         new_w, new_sigma = v @ vh[-1][:, None], float(s[-1])
         settled = sigma is not None and (
             abs(sigma - new_sigma) <= REFINE_RTOL * new_sigma
@@ -407,7 +423,7 @@ def solve(
     rv, c, *preconditioned = value if value is not None else (None, None)
     reg = None
     if null is not None:  # its basis need not be orthonormal to working precision
-        reg = orthonormal_basis(t.apply_t(null[null.shape[0] - t.size :]), 1e6)
+        reg = orthonormal_basis(t.T @ null[null.shape[0] - t.size :], 1e6)
     # where the factor comes from, in turn: the given Gram, the exact rows' Gram, Householder QR
     # (a given Gram formed without cancellation has the same sums as the rows': no "rows" then)
     if method == "qr":
@@ -440,7 +456,7 @@ def solve(
                 notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
             # sigma_max too, as the exact J's Rayleigh quotient of the factor's vector: a lower
             # bound whose error is quadratic in the vector's (the factor's own is linear)
-            smin, smax = refined, factor.exact_norm(top[:, None])
+            smin, smax = refined, float((factor.exact @ top[:, None]).norm())
             break
         why = "lost sigma_min" if lost else "was not refined on the exact J"
         after = sources[sources.index(source) + 1]

@@ -333,7 +333,7 @@ def kron_factor(block: torch.Tensor, d: int) -> torch.Tensor | None:
     # instead of comparing every entry.
     gen = torch.Generator().manual_seed(0)
     v = normal_draws(gen, d * dim, 2, dtype=block.dtype, device=block.device)
-    want = ValueBlock(y, d).apply(v)
+    want = ValueBlock(y, d) @ v
     got = block @ v
     return y if bool((got - want).norm() <= 1e-12 * max(float(got.norm()), 1e-300)) else None
 
@@ -522,7 +522,7 @@ def _closed_schur(head: Head, closed: GaugeComplement) -> tuple[Preconditioner, 
     n_perp = sum(d * f.right.shape[-1] for f in perp_fs)
     # C' = C T on the perp coordinates and C' B on the complement; the Schur complement's pieces
     top_perp = _rows_rotated(perp_fs, u[:, :r_y], d)
-    c_perp = t_d.right(top_perp, inverse=True)  # C on the perp coordinates (t_d: only theirs yet)
+    c_perp = t_d.solve(top_perp, left=False)  # C on the perp coordinates (t_d: only theirs yet)
     comp_f = closed.factor(fs)  # the complement's columns, up to ``closed.scale``
     top_c = closed.scale(coordinates.rows_rotated(comp_f, u[:, :r_y]))
     g = block_grams([*perp_fs, comp_f], None, x)
@@ -623,7 +623,7 @@ def _spans_null(basis: GaugeComplement, null: torch.Tensor, probes: int = 2) -> 
     combinations of them: a basis built from a wrong structure would not be)."""
     gen = torch.Generator().manual_seed(0)
     v = null @ normal_draws(gen, null.shape[1], probes, dtype=null.dtype, device=null.device)
-    return bool(basis.apply_t(v).norm() <= nullspace.GAUGE_RTOL * v.norm())
+    return bool((basis.T @ v).norm() <= nullspace.GAUGE_RTOL * v.norm())
 
 
 def _rows_rotated(fs: list[Factored], u: torch.Tensor, d: int) -> torch.Tensor:

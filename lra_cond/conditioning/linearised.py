@@ -103,10 +103,8 @@ class HeadJacobian:
         for i, b in enumerate(wanted):
             vb = v[i * self.size : (i + 1) * self.size]
             part = self.parts[b]
-            if isinstance(part, Factored):
-                prod = part.apply(vb)
-            elif isinstance(part, ValueBlock):
-                prod = part.apply(vb)
+            if isinstance(part, (Factored, ValueBlock)):
+                prod = part @ vb
             elif part.is_contiguous():  # its (T, d, d, D') entries as (T d, d D'): a view
                 prod = part.view(-1, self.size) @ vb
             else:  # a view into a matrix formed whole (``from_dense``)

@@ -358,7 +358,7 @@ class _Reduction:
     def n_kron(self) -> int:
         return len(self.kron) * self.size
 
-    def apply(self, v: torch.Tensor) -> torch.Tensor:  # v in the reduced layout [kron, dense]
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:  # v in the reduced layout [kron, dense]
         n = self.n_kron
         out = self.dense @ v[n:]
         return out + self.jac.apply(v[:n], self.kron) if self.kron else out
@@ -410,7 +410,7 @@ def scope_nulls(
     reduced = [None if s is None else _Reduction(s, jacs[h], list(sb), size) for h, s in enumerate(supports)]
 
     def apply(h: int, v: torch.Tensor) -> torch.Tensor:
-        return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h].apply(v)
+        return jacs[h].apply(v, sb) if reduced[h] is None else reduced[h] @ v
 
     def transform(h: int, v: torch.Tensor) -> torch.Tensor:
         return v if reduced[h] is None else reduced[h].coordinates(v)

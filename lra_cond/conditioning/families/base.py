@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from lra_cond.linalg import null_vectors
+from lra_cond.linalg import Operator, null_vectors
 from lra_cond.models.attention.base import Attention
 
 BLOCKS = ("q", "k", "v")
@@ -131,7 +131,7 @@ def family_jacobian(layer: Attention) -> FamilyJacobian:
 
 
 @dataclass
-class DenseMixing:
+class DenseMixing(Operator):
     """A correction's left factor E (T d, r) given entry by entry, as (T, d, r): E[i, a, j]."""
 
     e: torch.Tensor
@@ -150,10 +150,10 @@ class DenseMixing:
     def flat(self) -> torch.Tensor:  # E as (T d, r)
         return self.e.reshape(-1, self.rank)
 
-    def apply(self, m: torch.Tensor) -> torch.Tensor:  # E m, m (r, k) -> (T d, k)
+    def __matmul__(self, m: torch.Tensor) -> torch.Tensor:  # E m, m (r, k) -> (T d, k)
         return self.flat @ m
 
-    def apply_t(self, y: torch.Tensor) -> torch.Tensor:  # E^T y, y (T d, k) -> (r, k)
+    def matmul_t(self, y: torch.Tensor) -> torch.Tensor:  # E^T y, y (T d, k) -> (r, k)
         return self.flat.T @ y
 
     def rotated(self, u: torch.Tensor) -> DenseMixing:  # (U^T (x) I_d) E, U (T, r_u)
@@ -164,7 +164,7 @@ class DenseMixing:
         self, other: Mixing, m: torch.Tensor, add_to: torch.Tensor | None = None, alpha: float = 1.0
     ) -> torch.Tensor:  # E^T E' m, or add_to + alpha E^T E' m
         if not isinstance(other, DenseMixing):
-            return _added(self.apply_t(other.apply(m)), add_to, alpha)
+            return _added(self.T @ (other @ m), add_to, alpha)
         # through the r x r' Gram (kept for E^T E): T d r r' + r r' k flops where E^T (E' m) takes
         # T d (r + r') k (k = d D')
         if other is self:
@@ -195,7 +195,7 @@ def _added(out: torch.Tensor, add_to: torch.Tensor | None, alpha: float) -> torc
 
 
 @dataclass
-class TokenMixing:
+class TokenMixing(Operator):
     """E = F (x) I_d: E[(i, a), (j, a')] = F[i, j] delta_aa' for F (T, m), rank m d (columns (j, a'),
     j-major). Token i's output sees the correction only through a mixture of m rows of d
     (Nyström's F = softmax(Q K~^T) over the landmarks): every product costs T m d k where a dense
@@ -208,11 +208,11 @@ class TokenMixing:
     def rank(self) -> int:
         return self.f.shape[1] * self.d
 
-    def apply(self, m: torch.Tensor) -> torch.Tensor:
+    def __matmul__(self, m: torch.Tensor) -> torch.Tensor:
         k = m.shape[1]
         return (self.f @ m.reshape(self.f.shape[1], -1)).reshape(-1, k)
 
-    def apply_t(self, y: torch.Tensor) -> torch.Tensor:
+    def matmul_t(self, y: torch.Tensor) -> torch.Tensor:
         k = y.shape[1]
         return (self.f.T @ y.reshape(self.f.shape[0], -1)).reshape(-1, k)
 
@@ -223,7 +223,7 @@ class TokenMixing:
         self, other: Mixing, m: torch.Tensor, add_to: torch.Tensor | None = None, alpha: float = 1.0
     ) -> torch.Tensor:  # as ``DenseMixing.cross``; the sum in the same pass (one write of r x k)
         if not isinstance(other, TokenMixing):
-            return _added(self.apply_t(other.apply(m)), add_to, alpha)
+            return _added(self.T @ (other @ m), add_to, alpha)
         k = m.shape[1]  # (F^T F' (x) I) m: m^2 d k flops
         g, flat = self.f.T @ other.f, m.reshape(other.f.shape[1], -1)
         if add_to is None:
@@ -243,7 +243,7 @@ Mixing = DenseMixing | TokenMixing
 
 
 @dataclass
-class Factored:
+class Factored(Operator):
     """A block that factors per token: ``query_local``: [i, a, b, c] = left[i, a, b] right[i, c]
     (a projection row i's output sees only through its own projection, dA_i = G_i dW x_i);
     ``outer``: [i, a, b, c] = left[i, b] right[i, a, c] (softmax's keys: q_i[b] R_i[a, c]).
@@ -274,10 +274,10 @@ class Factored:
             out = outer_right(self.left, self.right, out)
         if self.low_rank is not None:
             mix, z = self.low_rank
-            out += mix.apply(z.reshape(z.shape[0], -1)).reshape(out.shape)
+            out += (mix @ z.reshape(z.shape[0], -1)).reshape(out.shape)
         return out
 
-    def apply(self, v: torch.Tensor) -> torch.Tensor:
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
         """J v for v (d p, k), as (T d, k): per token d x d and d x p products, never the block."""
         t, d, p, k = self.left.shape[0], self.left.shape[-1], self.right.shape[-1], v.shape[1]
         v3 = v.reshape(d, p, k)
@@ -289,10 +289,10 @@ class Factored:
             out = (self.right @ w).reshape(t * d, k)
         if self.low_rank is not None:
             mix, z = self.low_rank
-            out = out + mix.apply(z.reshape(z.shape[0], -1) @ v)
+            out = out + mix @ (z.reshape(z.shape[0], -1) @ v)
         return out
 
-    def apply_t(self, y: torch.Tensor) -> torch.Tensor:
+    def matmul_t(self, y: torch.Tensor) -> torch.Tensor:
         """J^T y for y (T d, k), as (d p, k)."""
         t, d, k = self.left.shape[0], self.left.shape[-1], y.shape[1]
         y3 = y.reshape(t, d, k)
@@ -302,7 +302,7 @@ class Factored:
             out = torch.einsum("ib,ick->bck", self.left, self.right.transpose(1, 2) @ y3).reshape(-1, k)
         if self.low_rank is not None:
             mix, z = self.low_rank
-            out = out + z.reshape(z.shape[0], -1).T @ mix.apply_t(y)
+            out = out + z.reshape(z.shape[0], -1).T @ (mix.T @ y)
         return out
 
     @staticmethod
@@ -329,7 +329,7 @@ def outer_right(u: torch.Tensor, r: torch.Tensor, out: torch.Tensor | None = Non
 
 
 @dataclass
-class ValueBlock:
+class ValueBlock(Operator):
     """[i, a, b, c] = delta_ab Y[i, c]: the value block of every A = P V family (Y = P X), kept as Y
     (T x D' numbers instead of T d x d D': the probe eliminates this block in closed form)."""
 
@@ -340,7 +340,7 @@ class ValueBlock:
         eye = torch.eye(self.d, dtype=self.y.dtype, device=self.y.device)
         return torch.mul(eye[None, :, :, None], self.y[:, None, None, :], out=out)
 
-    def apply(self, v: torch.Tensor) -> torch.Tensor:
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
         """(Y (x) I_d) v for v (d D', k), as (T d, k): row (t, a) = sum_c Y[t, c] V[a, c]."""
         t, dim = self.y.shape
         return torch.einsum("tc,ack->tak", self.y, v.reshape(self.d, dim, -1)).reshape(t * self.d, -1)
