@@ -510,12 +510,37 @@ def test_a_cholesky_that_fails_the_check_is_redone_by_qr(
         assert redone.per_block[b].kappa == pytest.approx(base.per_block[b].kappa, rel=1e-8)
 
 
+@pytest.mark.parametrize("decades", [9, 11])
+def test_a_gram_that_is_not_definite_is_shifted_and_refined_on_the_exact_j(decades: int) -> None:
+    """A Gram that rounding made indefinite (A unpreconditioned at kappa 1e9: kappa(G) = 1e18) is
+    factored shifted by its rounding's bound, and sigma_min is refined on the exact A, a block at a
+    time: equal to svdvals' within eps kappa. Where more values lie below the shift than the block
+    holds (1e11: ~25 of 80) and the refinement does not settle, Householder QR gives them."""
+    gen = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(300, 80, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(80, 80, generator=gen, dtype=torch.float64))
+    a = u @ torch.diag(torch.logspace(0, -decades, 80, dtype=torch.float64)) @ v.T
+    t = Preconditioner()
+    t.add_dense(torch.ones(80, dtype=torch.float64))  # T = I
+    assert int(torch.linalg.cholesky_ex(linalg.gram(a))[1])  # not definite in float64
+    out = extremes.solve([a], t, None, 0, 1e-14, "gram")
+    s = torch.linalg.svdvals(a)
+    assert out.sigma_min == pytest.approx(float(s[-1]), rel=1e-7)
+    assert out.sigma_max == pytest.approx(float(s[0]), rel=1e-10)
+    if decades == 9:
+        assert out.notes == ["the Gram is not numerically positive definite: shifted, refined on the exact J"]
+    else:
+        assert out.notes == [
+            "the Gram's shifted Cholesky factor was not refined on the exact J: recomputed by Householder QR"
+        ]
+
+
 @pytest.mark.parametrize("family", ["softmax", "linear"])
 def test_a_gram_that_is_not_definite_is_factored_by_qr_with_a_note(
     family: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Gram whose Cholesky breaks down (a layer at kappa ~1e10 on the tiny split) goes to
-    Householder QR of its rows, the same values, and the scope says so (~10x a Cholesky's time)."""
+    """A Gram whose Cholesky breaks down even shifted goes to Householder QR of its rows, the same
+    values, and the scope says so (~10x a Cholesky's time)."""
     torch.manual_seed(4)
     layer = build_attention(family, 8, 2)
     x = layer_norm(torch.randn(1, 40, 8, dtype=torch.float64))

@@ -1,8 +1,9 @@
 """Steps 4 and 5 of the probe: a scope's extreme non-null singular values from a triangular factor of
 its preconditioned Gram, and their check against the exact J (``solve``).
 
-* **The factor** R with R^T R = G' (Cholesky, or Householder QR of the preconditioned
-  rows, which never squares the condition number).
+* **The factor** R with R^T R = G' (Cholesky; shifted by G's rounding bound where that rounding
+  made G' indefinite; or Householder QR of the preconditioned rows, which never squares the
+  condition number).
 * **Extremes by block Lanczos** (``top_eigenpair``; Golub & Van Loan, *Matrix Computations*, 4th
   ed., sec. 10.3) on R^T R for sigma_max^2 and on (R^T R)^{-1}, through triangular solves, for
   1/sigma_min^2, so that sigma_min keeps its own relative accuracy. Full reorthogonalisation; every
@@ -12,9 +13,10 @@ its preconditioned Gram, and their check against the exact J (``solve``).
   passes its directions as ``start``: one wide step resolves the cluster.
 * **The check with the exact J** (``_check``): the Rayleigh quotient ||J u|| / ||u|| of the
   sigma_min vector must match sigma_min to the check's own rounding level (~eps sqrt(n) kappa).
-  If the Gram lost sigma_min, or the check is too coarse to tell, sigma_min is taken from the exact
-  J by preconditioned Rayleigh-Ritz with the factor's inverse Gram as preconditioner
-  (``_refined_sigma_min``: every iterate an upper bound). Only if that does not settle is the
+  If the Gram lost sigma_min, the check is too coarse to tell, or the factor was shifted, sigma_min
+  is taken from the exact J by preconditioned Rayleigh-Ritz with the factor's inverse Gram as
+  preconditioner (``_refined_sigma_min``: every iterate an upper bound; a block of vectors after a
+  shift, which lumps the values below it together). Only if that does not settle is the
   factor recomputed, from the exact rows' Gram and then by Householder QR; a null value the
   verified groups miss sends the scope to svdvals, which counts it.
 """
@@ -284,10 +286,11 @@ def _triangular(
     reg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str, torch.Tensor | None]:
     """R' with R'^T R' = T^T A^T A T + beta Q Q^T (A the stacked rows; Q = ``reg`` an orthonormal
-    basis of T^T N, so Q Q^T projects onto it; beta the mean diagonal): Cholesky of the
-    preconditioned Gram (``g`` when the caller formed it from factors), or Householder QR of the
-    preconditioned rows stacked on sqrt(beta) Q^T (also when the Gram is not numerically definite).
-    Also returns the Gram that was factored (None after QR). ``g`` is regularised in place (no copy
+    basis of T^T N, so Q Q^T projects onto it; beta the mean diagonal) and how it was formed:
+    Cholesky of the preconditioned Gram (``g`` when the caller formed it from factors), "cholesky";
+    of that Gram shifted by n eps of its mean diagonal where it is not numerically definite,
+    "shifted"; else Householder QR of the preconditioned rows stacked on sqrt(beta) Q^T, "qr".
+    Also returns the Gram, unshifted (None after QR). ``g`` is regularised in place (no copy
     of an n x n Gram): callers give a Gram of their own, never a cached one. On vectors orthogonal
     to N (all that Lanczos applies it to) the regularised Gram acts as the plain one:
     Q^T T^-1 u = 0 exactly when N^T u = 0."""
@@ -303,6 +306,13 @@ def _triangular(
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky", g
+        # its rounding made it indefinite: shifted by that rounding's bound (n eps of its diagonal)
+        # it stays a preconditioner for all but the values below the shift (``_refined_sigma_min``)
+        shift = g.shape[0] * EPS * float(g.diagonal().mean())
+        eye = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+        chol, info = torch.linalg.cholesky_ex(g + shift * eye, upper=True)
+        if int(info) == 0:
+            return chol, "shifted", g
         del chol  # the failed factor (the Gram's size) is not kept through the QR below
     if pre is None:
         pre = [materialised(r) @ t for r in rows]
@@ -364,38 +374,58 @@ REFINE_FLOOR = 1e-7
 # than a step's cost): a factor off by ~4e-3 along its sigma_min vector (measured: a normalized head
 # at kappa 2.7e8, whose Schur-complement Gram lost that much) settles in 9-12 steps
 REFINE_STEPS = 16
+# A shifted factor (``_triangular``) lumps every value below its shift together (six of a linear
+# head's at kappa 3.9e12): one vector stalls on their plateaus, a block this wide settles in 3-4
+# steps (measured: docs/benchmarks.md)
+REFINE_BLOCK = 8
 
 
 def _refined_sigma_min(
-    factor: _Factor, vector: torch.Tensor, estimate: float, steps: int = REFINE_STEPS, error: float = 0.0
+    factor: _Factor,
+    vector: torch.Tensor,
+    estimate: float,
+    steps: int = REFINE_STEPS,
+    error: float = 0.0,
+    shifted: bool = False,
+    sigma_max: float = 0.0,
 ) -> float | None:
     """sigma_min of the exact J, the Cholesky factor only close (~1 GFLOP at the reference shape,
-    against ~140 for a Householder QR of the rows): preconditioned Rayleigh-Ritz
-    (LOBPCG-like, block 1) on J^T J with the factor's inverse Gram as the preconditioner, starting
-    from the factor's sigma_min vector; each step takes the smallest singular value of J V over
-    V = span(w, P r, previous w) (r = J^T J w - rho w). Every iterate is an upper bound on sigma_min
-    (Rayleigh-Ritz on a subspace), exact to eps * sigma_max through the SVD of J V, decreasing; it
-    stops when it stagnates (REFINE_RTOL) or rises by a rounding step (REFINE_FLOOR). None (take
-    the next factor) when it does neither or ends far from the factor's estimate (``error``: the
-    factor's measured error along ``vector``, see REFINE_AGREE): the factor then was not a good
-    preconditioner."""
+    against ~140 for a Householder QR of the rows): preconditioned Rayleigh-Ritz (LOBPCG, Knyazev
+    2001) on J^T J with the factor's inverse Gram as the preconditioner, starting from the factor's
+    sigma_min vector; each step takes the smallest singular values of J V over
+    V = span(W, P R, previous W) (R = J^T J W - W diag(rho)). Every iterate is an upper bound on
+    sigma_min (Rayleigh-Ritz on a subspace), exact to eps * sigma_max through the SVD of J V,
+    decreasing; it stops when it stagnates (REFINE_RTOL) or rises by a rounding step (REFINE_FLOOR,
+    or eps ``sigma_max`` / sigma_min where that is larger). None (take the next factor) when it does
+    neither or ends far from the factor's estimate (``error``: the factor's measured error along
+    ``vector``, see REFINE_AGREE): the factor then was not a good preconditioner. A ``shifted``
+    factor's estimate is high by its shift, so the result need only lie below it; the block is
+    REFINE_BLOCK wide there, its other columns from inverse subspace iteration on the factor."""
     agree = min(REFINE_AGREE + 2 * error, REFINE_AGREE_MAX)
     w = vector[:, None] / vector.norm()
-    previous, sigma = None, None
+    if shifted:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.cat([w, normal_draws(gen, factor.n, REFINE_BLOCK - 1, dtype=w.dtype, device=w.device)], 1)
+        for _ in range(3):
+            w = torch.linalg.qr(factor.project(factor.inverse_gram(w))).Q
+    previous, sigma, k = None, None, w.shape[1]
     for _ in range(steps):
         jw = factor.exact @ w
-        rho = float(jw.square().sum())
+        rho = jw.square().sum(0)
         p = factor.project(factor.inverse_gram(factor.exact.T @ jw - rho * w))
         span = torch.cat([w, p] + ([previous] if previous is not None else []), 1)
         v = torch.linalg.qr(span).Q
         _, s, vh = torch.linalg.svd(factor.exact @ v, full_matrices=False)
-        new_w, new_sigma = v @ vh[-1][:, None], float(s[-1])
+        new_w, new_sigma = v @ vh[-k:].T, float(s[-1])
+        floor = max(REFINE_FLOOR, EPS * sigma_max / new_sigma) if new_sigma > 0 else REFINE_FLOOR
         settled = sigma is not None and (
             abs(sigma - new_sigma) <= REFINE_RTOL * new_sigma
-            or sigma <= new_sigma <= (1 + REFINE_FLOOR) * sigma  # risen: the rounding floor
+            or sigma <= new_sigma <= (1 + floor) * sigma  # risen: the rounding floor
         )
         if settled:
             new_sigma = min(sigma, new_sigma)  # the smaller upper bound
+            if shifted:
+                return new_sigma if new_sigma <= (1 + agree) * estimate else None
             return new_sigma if abs(new_sigma - estimate) <= agree * new_sigma else None
         previous, w, sigma = w, new_w, new_sigma
     return None
@@ -438,30 +468,34 @@ def solve(
         )
         factor = _Factor(rv, c, r, t, rows, null, joint, factored_gram, bool(preconditioned))
         smax, smin, vec, top, converged = _factor_extremes(factor)
-        if route != "cholesky":
+        if route == "qr":
             if source != "qr":  # its Cholesky failed: say why this scope took longer (QR of the rows)
                 notes.append("the Gram is not numerically positive definite: factored by Householder QR")
             break
+        shifted = route == "shifted"
         error, noise = _check(factor, smax, smin, vec) if smin > rtol * smax else (1.0, 0.0)
         lost = error > noise + CHECK_RTOL
-        if not (lost or noise > CHECK_RTOL or (refine and source == "given")):
+        if not (lost or noise > CHECK_RTOL or shifted or (refine and source == "given")):
             break
         # the Gram lost sigma_min (or may have): take it from the exact J, the factor as
         # preconditioner, and recompute the factor from the next source when that does not settle
         refined = None
         if smin > rtol * smax:
-            refined = _refined_sigma_min(factor, vec, smin, error=error)
+            refined = _refined_sigma_min(factor, vec, smin, error=error, shifted=shifted, sigma_max=smax)
         if refined is not None:
-            if lost:
+            if shifted:
+                notes.append("the Gram is not numerically positive definite: shifted, refined on the exact J")
+            elif lost:
                 notes.append("the Gram's Cholesky factor lost sigma_min: refined on the exact J")
             # sigma_max too, as the exact J's Rayleigh quotient of the factor's vector: a lower
             # bound whose error is quadratic in the vector's (the factor's own is linear)
             smin, smax = refined, float((factor.exact @ top[:, None]).norm())
             break
-        why = "lost sigma_min" if lost else "was not refined on the exact J"
+        why = "lost sigma_min" if lost and not shifted else "was not refined on the exact J"
         after = sources[sources.index(source) + 1]
         how = "Householder QR" if after == "qr" else "the Gram of the exact rows"
-        notes.append(f"the Gram's Cholesky factor {why}: recomputed by {how}")
+        what = "shifted Cholesky factor" if shifted else "Cholesky factor"
+        notes.append(f"the Gram's {what} {why}: recomputed by {how}")
     if not converged:
         notes.append("Lanczos did not converge to 1e-10")
     if smin <= rtol * smax:  # a null direction the verified groups miss: exact values, counted
