@@ -306,7 +306,7 @@ def _triangular(
         chol, info = torch.linalg.cholesky_ex(g, upper=True)
         if int(info) == 0:
             return chol, "cholesky", g
-        # its rounding made it indefinite: shifted by that rounding's bound (n eps of its diagonal)
+        # its rounding made it indefinite: shifted by that rounding's bound (n eps of its diagonal),
         # it stays a preconditioner for all but the values below the shift (``_refined_sigma_min``)
         shift = g.shape[0] * EPS * float(g.diagonal().mean())
         eye = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
