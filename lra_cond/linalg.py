@@ -88,6 +88,14 @@ def gram(
     return out
 
 
+def shifted_cholesky(g: torch.Tensor, rel: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, info) of g + rel * mean(diag g) * I, upper (``torch.linalg.cholesky_ex``): a Cholesky
+    factor that a shift of ``rel`` keeps defined where g is only semi-definite or its rounding made
+    it indefinite."""
+    eye = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+    return torch.linalg.cholesky_ex(g + rel * float(g.diagonal().mean()) * eye, upper=True)
+
+
 def kron_right(
     a: torch.Tensor, o: torch.Tensor | None, m: torch.Tensor, d: int, rows: int = 64
 ) -> torch.Tensor:

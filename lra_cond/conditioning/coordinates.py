@@ -37,7 +37,7 @@ import torch
 
 from lra_cond.conditioning import nullspace
 from lra_cond.conditioning.families.base import Factored, Mixing, TokenMixing
-from lra_cond.linalg import RANK_RTOL, Operator, gram, kron_right, orthonormal_basis
+from lra_cond.linalg import RANK_RTOL, Operator, gram, kron_right, orthonormal_basis, shifted_cholesky
 
 INDEPENDENT_RTOL = 1e-8  # the gauge's input directions must be independent of the null inputs
 
@@ -290,10 +290,7 @@ def kron_preconditioner(blocks: list[torch.Tensor], d: int, x: torch.Tensor) -> 
 def dense_whitening(a: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
     """R with a R^{-1} having unit Gram (shifted Cholesky: a preconditioner need not be exact);
     ``g``: a^T a when the caller has it (e.g. from a family's structure)."""
-    g = gram(a) if g is None else g
-    shift = 1e-10 * float(g.diagonal().mean())
-    eye = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
-    return torch.linalg.cholesky_ex(g + shift * eye, upper=True)[0]
+    return shifted_cholesky(gram(a) if g is None else g, 1e-10)[0]
 
 
 DENSE_PRECONDITIONER_MAX = 1536  # larger mixed blocks get a diagonal (Jacobi) preconditioner

@@ -41,6 +41,7 @@ from lra_cond.linalg import (
     gram,
     normal_draws,
     orthonormal_basis,
+    shifted_cholesky,
     spectrum_cut,
     svdvals,
 )
@@ -308,9 +309,7 @@ def _triangular(
             return chol, "cholesky", g
         # its rounding made it indefinite: shifted by that rounding's bound (n eps of its diagonal),
         # it stays a preconditioner for all but the values below the shift (``_refined_sigma_min``)
-        shift = g.shape[0] * EPS * float(g.diagonal().mean())
-        eye = torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
-        chol, info = torch.linalg.cholesky_ex(g + shift * eye, upper=True)
+        chol, info = shifted_cholesky(g, g.shape[0] * EPS)
         if int(info) == 0:
             return chol, "shifted", g
         del chol  # the failed factor (the Gram's size) is not kept through the QR below

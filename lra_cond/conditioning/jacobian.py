@@ -97,7 +97,15 @@ from lra_cond.conditioning.families.base import Factored, ValueBlock
 from lra_cond.conditioning.linearised import HeadJacobian, LinearisedLayer, linearise, weight_conditions
 from lra_cond.conditioning.nullspace import ScopeNull, scope_nulls, snap_input
 from lra_cond.errors import UserError
-from lra_cond.linalg import RANK_RTOL, gram, normal_draws, orthonormal_basis, spectrum_cut, svdvals
+from lra_cond.linalg import (
+    RANK_RTOL,
+    gram,
+    normal_draws,
+    orthonormal_basis,
+    shifted_cholesky,
+    spectrum_cut,
+    svdvals,
+)
 from lra_cond.models.attention.base import Attention
 
 METHODS = ("gram", "qr", "dense")
@@ -584,8 +592,7 @@ def _schur_whitened(
     r_c, info = torch.linalg.cholesky_ex(h_cc, upper=True)
     cc = torch.eye(h_cc.shape[0], dtype=h_cc.dtype, device=h_cc.device)
     if int(info):
-        eye = torch.eye(h_cc.shape[0], dtype=h_cc.dtype, device=h_cc.device)
-        r_c = torch.linalg.cholesky_ex(h_cc + 1e-10 * float(h_cc.diagonal().mean()) * eye, upper=True)[0]
+        r_c = shifted_cholesky(h_cc, 1e-10)[0]
         cc = torch.linalg.solve_triangular(
             r_c.T, torch.linalg.solve_triangular(r_c, h_cc, upper=True, left=False), upper=False
         )
