@@ -129,3 +129,18 @@ def test_more_seeds_run_the_study_s_protocol_on_new_seeds(capsys, monkeypatch):
             "--seed_everything 0", f"--seed_everything {more['seeds'][0]}"
         )
     )
+
+
+def test_linear_study_runs_the_study_s_protocol_with_linear_attention(capsys, monkeypatch):
+    """configs/study-listops-linear.yaml: the study's fits with linear attention in place of
+    Nystrom, default against conditioned, in the study's run folder (its own family's subfolder)."""
+    monkeypatch.chdir(REPO)
+    linear = "configs/study-listops-linear.yaml"
+    study, other = (yaml.safe_load((REPO / p).read_text()) for p in (GPU, linear))
+    assert other["fit"] == study["fit"] and other["run_root"] == study["run_root"]
+    assert (other["task"], other["attention"]) == ("listops", "linear")
+    assert other["inits"] == ["default", "conditioned"]
+    lines = plan(capsys, "--config", linear)
+    assert len(lines) == 2 * len(other["seeds"])
+    want = fit_config(plan(capsys, "--config", GPU)[0].replace("--attention nystrom", "--attention linear"))
+    assert fit_config(lines[0]) == want and want["model"]["attention"] == "linear"
