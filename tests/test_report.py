@@ -460,3 +460,27 @@ def test_a_run_whose_best_equals_the_target_reaches_it() -> None:
     history = [[50, 0.17], [3800, float(torch.tensor(737 / 2000, dtype=torch.float32))], [3850, bests[0]]]
     assert first_step_reaching(history, target) == 3850
     assert first_step_reaching(history[:2], target) is None  # one example short is not reached
+
+
+def test_kappa_plot_has_a_panel_per_layer_with_geometric_means_over_seeds() -> None:
+    """κ spans decades between seeds: each layer's line is the geometric mean over seeds (an
+    arithmetic one would sit at the largest seed's), the band min to max, κ(X) in its own row."""
+    from lra_cond.report.collect import Run
+    from lra_cond.report.plots import kappa_figure
+
+    def run(seed: int, k0: float, k1: float) -> Run:
+        layers = [{"kappa": k0, "kappa_x": 10.0 * (1 + seed)}, {"kappa": k1, "kappa_x": 5.0}]
+        history = [{"step": step, "layers": layers, "kappa_mean": (k0 + k1) / 2} for step in (0, 100)]
+        return Run("default", seed, Path(f"seed{seed}"), {"cond_history": history})
+
+    runs = [run(0, 1e2, 1e8), run(1, 1e4, 1e6), run(2, 1e6, 1e10)]
+    fig, ok = kappa_figure(runs, "t")
+    assert ok and len(fig.axes) == 4  # 2 rows (κ(J), κ(X)) x 2 layers
+    (top0, top1), (bottom0, bottom1) = np.array(fig.axes).reshape(2, 2)
+    want = {top0: 1e4, top1: 1e8, bottom0: (10.0 * 20.0 * 30.0) ** (1 / 3), bottom1: 5.0}
+    for ax, mean in want.items():
+        (line,) = ax.get_lines()
+        assert line.get_label() == "default (n=3)" and ax.get_yscale() == "log"
+        np.testing.assert_allclose(line.get_ydata(), [mean, mean], rtol=1e-12)
+    band = top1.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(1e6) and band.max() == pytest.approx(1e10)

@@ -268,7 +268,7 @@ def write_report(runs: list[Run], out_dir: Path, title: str) -> Path:
     lines += ["## Plots", ""]
     captions = {
         "val_acc": "Validation accuracy vs step",
-        "kappa": "Mean κ(J) (left) and κ(X) of the probe inputs (right) over layers vs step (log scale)",
+        "kappa": "κ(J) (top) and κ(X) of the probe inputs (bottom) per layer vs step (log scale)",
         "weights_kappa": "Condition numbers of the stacked W_Q, W_K, W_V vs step (log scale)",
     }
     for key, caption in captions.items():

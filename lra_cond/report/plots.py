@@ -1,5 +1,6 @@
-"""PNG plots of a comparison: val accuracy, mean κ(J) and weight condition numbers vs step, one line
-per init (mean over seeds) with a min–max band over seeds."""
+"""PNG plots of a comparison: val accuracy, κ(J) and κ(X) per layer and weight condition numbers vs
+step, one line per init with a min–max band over seeds. Condition numbers span decades between
+seeds and layers, so their lines are geometric means (an arithmetic mean is the largest value's)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from lra_cond.report.collect import Run  # noqa: E402
 Series = list[tuple[int, float]]
 
 
-def aggregate(series: Iterable[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps, mean, min and max over the seeds that have a value at each step."""
+def aggregate(
+    series: Iterable[Series], geometric: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps, mean (``geometric``: 10 ** the mean of log10), min and max over the seeds that have a
+    value at each step."""
     by_step: dict[int, list[float]] = defaultdict(list)
     for s in series:
         for step, value in s:
@@ -28,20 +32,20 @@ def aggregate(series: Iterable[Series]) -> tuple[np.ndarray, np.ndarray, np.ndar
     values = [np.array(by_step[s]) for s in steps]
     return (
         steps,
-        np.array([v.mean() for v in values]),
+        np.array([10 ** np.log10(v).mean() if geometric else v.mean() for v in values]),
         np.array([v.min() for v in values]),
         np.array([v.max() for v in values]),
     )
 
 
-def _draw(ax: plt.Axes, runs: list[Run], series_of: Callable[[Run], Series]) -> bool:
+def _draw(ax: plt.Axes, runs: list[Run], series_of: Callable[[Run], Series], geometric: bool = False) -> bool:
     drawn = False
     for init in dict.fromkeys(r.init for r in runs):
         group = [r for r in runs if r.init == init]
         series = [s for s in map(series_of, group) if s]
         if not series:
             continue
-        steps, mean, low, high = aggregate(series)
+        steps, mean, low, high = aggregate(series, geometric)
         (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=f"{init} (n={len(series)})")
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn = True
@@ -52,31 +56,36 @@ def _val_acc(run: Run) -> Series:
     return [(s, 100 * a) for s, a in run.metrics.get("val_history") or []]
 
 
-def _kappa_mean(run: Run) -> Series:
-    return [
-        (e["step"], e["kappa_mean"])
-        for e in run.metrics.get("cond_history") or []
-        if e.get("kappa_mean") is not None
-    ]
+def _layer_values(key: str, layer: int) -> Callable[[Run], Series]:
+    """A layer's ``key`` (``kappa``: κ(J), ``kappa_x``: κ of its probe input) at every probe."""
+
+    def series(run: Run) -> Series:
+        out = []
+        for e in run.metrics.get("cond_history") or []:
+            layers = e.get("layers") or []
+            value = layers[layer].get(key) if layer < len(layers) else None
+            if value is not None and value > 0:
+                out.append((e["step"], float(value)))
+        return out
+
+    return series
 
 
-def _kappa_x_mean(run: Run) -> Series:
-    """kappa of each layer's probe input X (the paper's bound grows with it), mean over layers."""
-    out = []
-    for e in run.metrics.get("cond_history") or []:
-        ks = [layer["kappa_x"] for layer in e.get("layers", []) if layer.get("kappa_x") is not None]
-        if ks:
-            out.append((e["step"], float(np.mean(ks))))
-    return out
+def _n_layers(runs: list[Run]) -> int:
+    return max(
+        (len(e.get("layers") or []) for r in runs for e in r.metrics.get("cond_history") or []), default=0
+    )
 
 
 def _weights_kappa(block: str) -> Callable[[Run], Series]:
+    """κ of the stacked W_block, geometric mean over layers."""
+
     def series(run: Run) -> Series:
         out = []
         for e in run.metrics.get("cond_history") or []:
             ks = [layer["weights"][block]["stacked"] for layer in e.get("layers", []) if "weights" in layer]
             if ks:
-                out.append((e["step"], float(np.mean(ks))))
+                out.append((e["step"], float(10 ** np.log10(ks).mean())))
         return out
 
     return series
@@ -128,6 +137,47 @@ def val_acc_figure(
     return fig, ok
 
 
+KAPPA_ROWS = [("kappa", "attention Jacobian κ(J)"), ("kappa_x", "probe input κ(X)")]
+
+
+def kappa_figure(runs: list[Run], title: str) -> tuple[plt.Figure, bool]:
+    """κ(J) (top row) and κ(X) of the probe input (bottom row) vs step, one column per layer, log
+    scale; and whether any run had a probe."""
+    n = max(_n_layers(runs), 1)
+    fig, axes = plt.subplots(2, n, figsize=(5.5 * n + 1, 8), squeeze=False, sharex=True)
+    ok = False
+    for layer in range(n):
+        for row, (key, name) in enumerate(KAPPA_ROWS):
+            ax = axes[row][layer]
+            if _draw(ax, runs, _layer_values(key, layer), geometric=True):
+                ok = True
+                ax.set_yscale("log")
+            ax.set(title=f"{name}, layer {layer}", ylabel=name.split(" ")[-1])
+            ax.grid(alpha=0.3, which="both")
+        axes[1][layer].set_xlabel("optimizer step")
+    if ok:
+        axes[0][0].legend(title="init")
+    fig.suptitle(title)
+    return fig, ok
+
+
+def weights_figure(runs: list[Run], title: str) -> tuple[plt.Figure, bool]:
+    """κ of the stacked W_Q, W_K, W_V vs step, log scale; and whether any run had a probe."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
+    ok = False
+    for ax, block in zip(axes, "qkv"):
+        ok |= _draw(ax, runs, _weights_kappa(block), geometric=True)
+        ax.set(xlabel="optimizer step", title=f"κ(W_{block.upper()}), all heads stacked")
+        ax.grid(alpha=0.3, which="both")
+    if ok:
+        for ax in axes:
+            ax.set_yscale("log")
+        axes[0].set_ylabel("condition number, geometric mean over layers")
+        axes[0].legend(title="init")
+    fig.suptitle(title)
+    return fig, ok
+
+
 def plot_all(
     runs: list[Run],
     out_dir: Path,
@@ -137,54 +187,25 @@ def plot_all(
     setup: str = "",
     frequent: float | None = None,
 ) -> dict[str, Path | None]:
-    """Write val_acc.png, kappa.png, weights_kappa.png; None for a plot without data. ``setup`` (a
-    line: steps, batch, lr, ...) goes under the accuracy plot's title."""
+    """Write val_acc.png, kappa.png, weights_kappa.png; None for a plot without data (and no stale
+    file from an earlier report). ``setup`` (a line: steps, batch, lr, ...) goes under the accuracy
+    plot's title."""
+    band = "band: min–max over seeds"
+    heading = "\n".join(t for t in (title, setup, f"line: mean over seeds, {band}") if t)
+    figures = {
+        "val_acc": val_acc_figure(runs, heading, target, chance, frequent),
+        "kappa": kappa_figure(runs, f"{title} (line: geometric mean over seeds, {band})"),
+        "weights_kappa": weights_figure(
+            runs, f"{title}: weight condition numbers (line: geometric mean over seeds, {band})"
+        ),
+    }
     written: dict[str, Path | None] = {}
-    band = "line: mean over seeds, band: min–max over seeds"
-
-    heading = "\n".join(t for t in (title, setup, band) if t)
-    fig, ok = val_acc_figure(runs, heading, target, chance, frequent)
-    if ok:
-        written["val_acc"] = _finish(fig, out_dir / "val_acc.png")
-    else:
-        plt.close(fig)
-        (out_dir / "val_acc.png").unlink(missing_ok=True)  # no stale plot from an earlier report
-        written["val_acc"] = None
-
-    fig, (ax, ax_x) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ok = _draw(ax, runs, _kappa_mean)
-    ok_x = _draw(ax_x, runs, _kappa_x_mean)
-    if ok:
-        ax.set_yscale("log")
-        ax.set(xlabel="optimizer step", ylabel="κ(J), mean over layers", title="attention Jacobian κ(J)")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(title="init")
-        ax_x.set(xlabel="optimizer step", ylabel="κ(X), mean over layers", title="probe input κ(X)")
-        if ok_x:
-            ax_x.set_yscale("log")
-            ax_x.grid(alpha=0.3, which="both")
-        fig.suptitle(f"{title} ({band})")
-        written["kappa"] = _finish(fig, out_dir / "kappa.png")
-    else:
-        plt.close(fig)
-        (out_dir / "kappa.png").unlink(missing_ok=True)
-        written["kappa"] = None
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
-    ok = False
-    for ax, block in zip(axes, "qkv"):
-        ok |= _draw(ax, runs, _weights_kappa(block))
-        ax.set(xlabel="optimizer step", title=f"κ(W_{block.upper()}), all heads stacked")
-        ax.grid(alpha=0.3, which="both")
-    if ok:
-        for ax in axes:
-            ax.set_yscale("log")
-        axes[0].set_ylabel("condition number, mean over layers")
-        axes[0].legend(title="init")
-        fig.suptitle(f"{title} — weight condition numbers ({band})")
-        written["weights_kappa"] = _finish(fig, out_dir / "weights_kappa.png")
-    else:
-        plt.close(fig)
-        (out_dir / "weights_kappa.png").unlink(missing_ok=True)
-        written["weights_kappa"] = None
+    for name, (fig, ok) in figures.items():
+        path = out_dir / f"{name}.png"
+        if ok:
+            written[name] = _finish(fig, path)
+        else:
+            plt.close(fig)
+            path.unlink(missing_ok=True)
+            written[name] = None
     return written
