@@ -193,6 +193,9 @@ def reproduction(runs: list[Run]) -> list[str]:
     if ref is not None:
         paper = "n/a (no published number for this family)" if ref.accuracy is None else f"{ref.accuracy:.2f}"
         lines.append(f"| published: Nyströmformer (Xiong et al. 2021), {attention} | {paper} |")
+        if ref.lra is not None:
+            lra = f"LRA (Tay et al. 2021; its own model and schedule), {attention}"
+            lines.append(f"| published: {lra} | {ref.lra:.2f} |")
         lines.append(
             f"| published reruns: xformers, softmax and Nyström-128 | {ref.rerun_low}–{ref.rerun_high} |"
         )
