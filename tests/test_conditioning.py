@@ -404,3 +404,28 @@ def test_conditioned_init_is_better_conditioned_than_default() -> None:
         layer = apply_init(build_attention("softmax", 16, 2), init)
         kappas[init] = jacobian_condition(layer, x, per_block=False).kappa
     assert kappas["conditioned"] < kappas["default"], kappas
+
+
+def test_svdvals_of_a_scope_on_its_support_are_the_full_columns_values() -> None:
+    """A scope that falls back to svdvals takes them from its reduced columns [J_kron | J_S P] and
+    the support's removed directions as exact zeros (J_S = J_S P P^T, P orthonormal): the same
+    sigma_max, sigma_min and null count as svdvals of every formed column, on linear attention's
+    whole head and its K block alone (with and without a support reduction in the scope)."""
+    from lra_cond.conditioning.jacobian import _dense_summary
+    from lra_cond.conditioning.linearised import linearise
+    from lra_cond.conditioning.nullspace import scope_nulls, snap_input
+
+    torch.manual_seed(3)
+    layer = build_attention("linear", 8, 2)
+    x = layer_norm(torch.randn(2, 24, 8, dtype=torch.float64))
+    probe = linearise(layer, x, None, "qkv")
+    jacs = [probe.head_jacobian_operator(h) for h in range(probe.num_heads)]
+    w0 = snap_input(probe, 1e-10)
+    for sb in [("q", "k", "v"), ("k",), ("q",)]:
+        nulls, _ = scope_nulls(probe, jacs, sb, w0, {}, False)
+        assert (nulls[0].dense is not None) == (sb != ("q",))  # Q alone has no support
+        full = _dense_summary(jacs, sb, 1e-13, 0, 0)
+        reduced = _dense_summary(jacs, sb, 1e-13, 0, 0, nulls)
+        assert reduced.sigma_max == pytest.approx(full.sigma_max, rel=1e-12), sb
+        assert reduced.sigma_min == pytest.approx(full.sigma_min, rel=1e-9), sb
+        assert reduced.n_null == full.n_null and (sb == ("q",) or nulls[0].reduced > 0), sb

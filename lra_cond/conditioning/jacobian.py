@@ -199,11 +199,26 @@ def _combine(
 
 
 def _dense_summary(
-    jacs: list[HeadJacobian], sb: tuple[str, ...], rtol: float, expected: int, n_params: int
+    jacs: list[HeadJacobian],
+    sb: tuple[str, ...],
+    rtol: float,
+    expected: int,
+    n_params: int,
+    nulls: list[ScopeNull] | None = None,
 ) -> SpectrumSummary:
     """The scope's every singular value by svdvals of each head's columns, cut at rtol (the
-    ``dense`` method's definition)."""
-    smax, smin, n_null, excluded = spectrum_cut(torch.cat([svdvals(j.columns(sb)) for j in jacs]), rtol)
+    ``dense`` method's definition). With ``nulls`` from a family's support, of the reduced columns
+    [J_kron | J_S P] and the support's removed directions as exact zeros: J_S = J_S P P^T with P
+    orthonormal, so they are the same values, from half the columns (linear attention's K)."""
+    values = []
+    for h, j in enumerate(jacs):
+        null = None if nulls is None else nulls[h]
+        if null is None or null.dense is None:
+            values.append(svdvals(j.columns(sb)))
+            continue
+        columns = torch.cat([j.columns(null.blocks), null.dense], 1) if null.blocks else null.dense
+        values += [svdvals(columns), columns.new_zeros(null.reduced)]
+    smax, smin, n_null, excluded = spectrum_cut(torch.cat(values), rtol)
     return SpectrumSummary(smax, smin, n_null, [], excluded, expected, n_params)
 
 
@@ -270,41 +285,33 @@ def jacobian_condition(
     scopes = {"all": probe.blocks, **({b: (b,) for b in probe.blocks} if per_block else {})}
     x_real = probe.x[probe.real]
     group_ranks: dict[str, int] = {}
-    spectra: list[dict[str, SpectrumSummary]] = [{} for _ in heads]
-    expected_of: dict[str, int] = {}
-    null_gain_of: dict[str, float] = {}
     # One scope at a time, each head's spectrum taken before the next scope's nulls are built: a
     # family's reduced columns (linear attention's K/V statistics support, large on the tiny
     # split) never outlive their scope
     for scope, sb in scopes.items():
-        nulls, null_gain_of[scope] = scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
-        expected_of[scope] = sum(n.basis.shape[1] + n.reduced for n in nulls)
-        if method != "dense":
-            for h in heads:
-                spectra[h].update(
-                    head_spectra(
-                        jacs[h],
-                        probe.blocks,
-                        probe.head_dim,
-                        probe.dim,
-                        x_real,
-                        {scope: nulls[h]},
-                        rtol,
-                        method,
-                        jacs[h].factors,
-                    )
-                )
-        del nulls
-    for scope, sb in scopes.items():
-        expected = expected_of[scope]
+        nulls, null_gain = scope_nulls(probe, jacs, sb, w0, group_ranks, scope == "all")
+        expected = sum(n.basis.shape[1] + n.reduced for n in nulls)
         n_params = probe.num_heads * len(sb) * probe.block_size
         if method == "dense":
             summary = _dense_summary(jacs, sb, rtol, expected, n_params)
         else:
-            per_head = [sp[scope] for sp in spectra]
+            per_head = [
+                head_spectra(
+                    jacs[h],
+                    probe.blocks,
+                    probe.head_dim,
+                    probe.dim,
+                    x_real,
+                    {scope: nulls[h]},
+                    rtol,
+                    method,
+                    jacs[h].factors,
+                )[scope]
+                for h in heads
+            ]
             for h, e in enumerate(per_head):
                 result.notes += [f"{scope}, head {h}: {n}" for n in e.notes]
-            summary = _combine(per_head, expected, n_params, rtol, null_gain_of[scope])
+            summary = _combine(per_head, expected, n_params, rtol, null_gain)
             if summary.null_gain > rtol * summary.sigma_max:
                 # one cut for the whole probe: a verified group J does not map under rtol * sigma_max
                 # is not null by the spectrum's own test, so the scope's values come from svdvals
@@ -312,7 +319,8 @@ def jacobian_condition(
                     f"{scope}: J reaches {summary.null_gain / summary.sigma_max:.1e} sigma_max on the "
                     "directions verified as null, above rtol: values taken from svdvals"
                 )
-                summary = _dense_summary(jacs, sb, rtol, expected, n_params)
+                summary = _dense_summary(jacs, sb, rtol, expected, n_params, nulls)
+        del nulls
         if summary.n_null != expected:
             result.notes.append(
                 f"{scope}: {summary.n_null} singular values below rtol "
