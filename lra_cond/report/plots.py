@@ -19,6 +19,11 @@ from lra_cond.report.collect import Run  # noqa: E402
 Series = list[tuple[int, float]]
 
 
+def geometric_mean(values: Iterable[float]) -> float:
+    """10 ** the mean of log10: the centre of values spread over decades."""
+    return float(10 ** np.log10(np.asarray(list(values), dtype=np.float64)).mean())
+
+
 def aggregate(
     series: Iterable[Series], geometric: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -32,7 +37,7 @@ def aggregate(
     values = [np.array(by_step[s]) for s in steps]
     return (
         steps,
-        np.array([10 ** np.log10(v).mean() if geometric else v.mean() for v in values]),
+        np.array([geometric_mean(v) if geometric else v.mean() for v in values]),
         np.array([v.min() for v in values]),
         np.array([v.max() for v in values]),
     )
@@ -85,7 +90,7 @@ def _weights_kappa(block: str) -> Callable[[Run], Series]:
         for e in run.metrics.get("cond_history") or []:
             ks = [layer["weights"][block]["stacked"] for layer in e.get("layers", []) if "weights" in layer]
             if ks:
-                out.append((e["step"], float(10 ** np.log10(ks).mean())))
+                out.append((e["step"], geometric_mean(ks)))
         return out
 
     return series
